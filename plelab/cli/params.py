@@ -1,0 +1,89 @@
+"""`plelab params`: exact parameter counts by part, computed analytically (no weights allocated)."""
+
+from __future__ import annotations
+
+import argparse
+
+from plelab.cli.common import add_command, add_set_flag, print_json
+from plelab.model.params import PLE_PARTS, count_params, sweep_ple, with_ple_dim
+from plelab.model.presets import PRESETS, load_model_config
+from plelab.util.dataclass_config import ConfigError
+
+PART_LABELS = {
+    "embedding": "main embedding (V x H)",
+    "attention": "attention (q, k, v, o)",
+    "ffn": "FFN",
+    "ffn_mask": "FFN masks (MGLU, 1 bit each at inference)",
+    "norms": "norms",
+    "output_head": "output head (untied)",
+    "ple_table": "PLE table (V_ple x L x dP)",
+    "ple_model_projection": "PLE model projection + norm",
+    "ple_per_layer": "PLE per-layer gate + projection + norm",
+}
+
+
+def add_parser(sub) -> None:
+    """Register `plelab params`."""
+    p = add_command(
+        sub, "params", "Count parameters exactly, by part (instant even for billions).",
+        "plelab params seed-3b --sweep-ple 0,64,128,256,512\n"
+        "  plelab params esp32-28m --json\n"
+        "  plelab params seed-3b --set hidden_size=2048 --set num_layers=30 --set ple.vocab_size=262144 "
+        "--ple-dim 256",
+        run,
+    )
+    p.add_argument("model", help=f"preset ({', '.join(PRESETS)}) or a TOML/YAML/JSON model config file")
+    p.add_argument("--ple-dim", type=int, help="set dP (PLE width) before counting")
+    p.add_argument("--sweep-ple", metavar="D1,D2,...", help="print the seed-style table over these dP values")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_set_flag(p)
+
+
+def _parse_dims(text: str) -> list[int]:
+    try:
+        dims = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--sweep-ple wants comma-separated integers, got {text!r}") from exc
+    if not dims or any(d < 0 for d in dims):
+        raise ConfigError(f"--sweep-ple wants non-negative integers, got {text!r}")
+    return dims
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the breakdown (or the dP sweep table)."""
+    cfg = load_model_config(args.model, args.overrides)
+    if args.ple_dim is not None:
+        cfg = with_ple_dim(cfg, args.ple_dim)
+    if args.sweep_ple:
+        rows = sweep_ple(cfg, _parse_dims(args.sweep_ple))
+        if args.json:
+            print_json({"model": args.model, "rows": rows})
+            return 0
+        base = rows[0]["base_total"]
+        print(f"{args.model}: base (dP = 0) {base:,} parameters "
+              f"(H={cfg.hidden_size}, L={cfg.num_layers}, V_ple={cfg.ple_vocab_size:,})")
+        print(f"{'dP':>5} {'PLE table':>15} {'model proj':>12} {'per-layer':>13} {'added':>15} {'% base':>8} {'table %':>8}")
+        for r in rows:
+            print(
+                f"{r['ple_dim']:>5} {r['ple_table']:>15,} {r['ple_model_projection']:>12,} {r['ple_per_layer']:>13,} "
+                f"{r['ple_added']:>15,} {r['pct_of_base']:>7.2f}% {100 * r['table_share_of_added']:>7.1f}%"
+            )
+        return 0
+    c = count_params(cfg)
+    if args.json:
+        print_json({"model": args.model, "ple_dim": cfg.ple.dim, **c,
+                    "pct_of_base": 100.0 * c["ple_added"] / c["base_total"]})
+        return 0
+    print(f"{args.model}: V={cfg.vocab_size:,} H={cfg.hidden_size} L={cfg.num_layers} heads={cfg.num_heads}/"
+          f"{cfg.kv_heads} ffn={cfg.ffn.kind}:{cfg.ffn.intermediate_size} dP={cfg.ple.dim}")
+    for key, label in PART_LABELS.items():
+        if c[key] or key in ("embedding", "attention", "ffn", "norms"):
+            print(f"  {label:<42} {c[key]:>16,}")
+    print(f"  {'total':<42} {c['total']:>16,}")
+    print(f"  {'base (dP = 0)':<42} {c['base_total']:>16,}")
+    if c["ple_added"]:
+        print(f"  {'PLE added':<42} {c['ple_added']:>16,}  (+{100 * c['ple_added'] / c['base_total']:.2f} %)")
+        print(f"  {'rest (not PLE table, not main embedding)':<42} {c['rest']:>16,}")
+        print(f"  PLE table share of total: {100 * c['ple_table'] / c['total']:.1f} %; "
+              f"of PLE added: {100 * c['ple_table'] / c['ple_added']:.1f} %")
+    return 0

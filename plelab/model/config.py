@@ -1,0 +1,147 @@
+"""Model configuration: typed dataclasses with one docstring per field, validated on creation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from plelab.util.dataclass_config import ConfigError
+
+
+@dataclass
+class FFNConfig:
+    """The feed-forward block; all variants share one interface (see plelab/model/ffn.py)."""
+
+    kind: Literal["swiglu", "mglu", "lowrank"] = "swiglu"
+    """swiglu: separate gate/up; mglu: one shared matrix split by learned 1-bit masks; lowrank: gate and up each factorised."""
+    intermediate_size: int = 128
+    """FFN width (the gate/up output size)."""
+    mask_count: int = 1
+    """MGLU only: number n_m of binary masks summed (the seed's negative result is n_m = 1)."""
+    rank: int = 0
+    """lowrank only: rank r of each of the gate and up factorisations (H x r then r x F)."""
+
+    def __post_init__(self) -> None:
+        if self.intermediate_size <= 0:
+            raise ConfigError(f"ffn.intermediate_size must be > 0, got {self.intermediate_size}")
+        if self.kind == "mglu" and self.mask_count < 1:
+            raise ConfigError(f"ffn.mask_count must be >= 1 for mglu, got {self.mask_count}")
+        if self.kind == "lowrank" and self.rank <= 0:
+            raise ConfigError("ffn.rank must be > 0 for the lowrank FFN (e.g. --set ffn.rank=64)")
+        if self.kind not in ("swiglu", "mglu", "lowrank"):
+            raise ConfigError(f"ffn.kind must be swiglu, mglu or lowrank, got {self.kind!r}")
+
+
+@dataclass
+class PLEConfig:
+    """Per-layer embeddings. dim = 0 disables them and gives exactly the baseline model."""
+
+    dim: int = 0
+    """dP, width of each layer's per-token vector; 0 = no PLE."""
+    vocab_size: int | None = None
+    """Rows in the PLE table (V_ple); None = the model's vocabulary. Larger ids map to row 0."""
+    layers: list[int] | None = None
+    """Layers that receive PLE (0-based); None = all layers."""
+    context: bool = True
+    """Gemma form: add a projection of the input embedding (H -> L*dP, RMSNorm over dP), fused x 1/sqrt(2)."""
+    gate: Literal["input", "scalar", "vector"] = "input"
+    """input: GELU-tanh(Linear(h)) H -> dP (Gemma); scalar / vector: a learned gate (simple form; vector is per dP channel)."""
+    gate_init: float = 1.0
+    """Initial value of a scalar/vector gate."""
+    output_norm: bool = True
+    """RMSNorm over H after the dP -> H projection (Gemma's post_per_layer_input_norm)."""
+    output_norm_init: float = 1.0
+    """Initial weight of that norm; 0 makes PLE start silent (the edge reference's choice)."""
+    table_init_std: float | None = None
+    """Std of the table initialisation; None = the model's init_std."""
+
+    def __post_init__(self) -> None:
+        if self.dim < 0:
+            raise ConfigError(f"ple.dim (dP) must be >= 0, got {self.dim}")
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise ConfigError(f"ple.vocab_size must be > 0, got {self.vocab_size}")
+        if self.gate not in ("input", "scalar", "vector"):
+            raise ConfigError(f"ple.gate must be input, scalar or vector, got {self.gate!r}")
+        if self.layers is not None and len(set(self.layers)) != len(self.layers):
+            raise ConfigError(f"ple.layers has duplicates: {self.layers}")
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only transformer LM with optional per-layer embeddings."""
+
+    vocab_size: int = 256
+    """Vocabulary size V of the main embedding and output head."""
+    hidden_size: int = 64
+    """Residual width H."""
+    num_layers: int = 2
+    """Number of decoder layers L."""
+    num_heads: int = 4
+    """Query heads."""
+    num_kv_heads: int | None = None
+    """Key/value heads for grouped-query attention; None = num_heads (plain multi-head)."""
+    head_dim: int | None = None
+    """Per-head width; None = hidden_size / num_heads."""
+    max_seq_len: int = 256
+    """Longest sequence (context length) the model is used with."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = True
+    """Share the input embedding with the output head."""
+    embed_scale: bool = False
+    """Multiply input embeddings by sqrt(H) as Gemma does."""
+    init_std: float = 0.02
+    """Std of the normal initialisation of linear and embedding weights."""
+    ffn: FFNConfig = field(default_factory=FFNConfig)
+    """Feed-forward block."""
+    ple: PLEConfig = field(default_factory=PLEConfig)
+    """Per-layer embeddings."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}; "
+                "change one or set head_dim explicitly"
+            )
+        if self.head_dim is not None and self.head_dim <= 0:
+            raise ConfigError(f"head_dim must be > 0, got {self.head_dim}")
+        if self.kv_heads <= 0 or self.num_heads % self.kv_heads:
+            raise ConfigError(
+                f"num_kv_heads={self.num_kv_heads} must be > 0 and divide num_heads={self.num_heads}"
+            )
+        if self.head_size % 2:
+            raise ConfigError(f"head dim must be even for RoPE, got {self.head_size}")
+        if self.norm_eps <= 0 or not math.isfinite(self.norm_eps):
+            raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps}")
+        if self.ple.layers is not None:
+            bad = [i for i in self.ple.layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise ConfigError(f"ple.layers {bad} outside 0..{self.num_layers - 1}")
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads actually used."""
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        """Per-head width actually used."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    @property
+    def ple_layers(self) -> list[int]:
+        """Layers that receive PLE, in order (empty when dP = 0)."""
+        if self.ple.dim == 0:
+            return []
+        return sorted(self.ple.layers) if self.ple.layers is not None else list(range(self.num_layers))
+
+    @property
+    def ple_vocab_size(self) -> int:
+        """Rows of the PLE table."""
+        return self.ple.vocab_size if self.ple.vocab_size is not None else self.vocab_size

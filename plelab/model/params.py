@@ -1,0 +1,70 @@
+"""Analytic parameter accounting: exact counts by part, without allocating a single weight."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from plelab.model.config import ModelConfig
+from plelab.model.ffn import ffn_param_count
+from plelab.model.ple import ple_param_count
+
+PLE_PARTS = ("ple_table", "ple_model_projection", "ple_per_layer")
+
+
+def count_params(cfg: ModelConfig) -> dict[str, int]:
+    """Exact parameter count by part, plus `base_total` (dP = 0), `ple_added`, `total` and `rest`.
+
+    `rest` is everything but the PLE table and the main embedding: the dense core of an edge model.
+    """
+    H, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
+    q = cfg.num_heads * cfg.head_size
+    kv = cfg.kv_heads * cfg.head_size
+    ffn = ffn_param_count(H, cfg.ffn)
+    parts = {
+        "embedding": V * H,
+        "attention": L * (H * q + 2 * H * kv + q * H),
+        "ffn": L * ffn["ffn"],
+        "ffn_mask": L * ffn["ffn_mask"],
+        "norms": L * 2 * H + H,
+        "output_head": 0 if cfg.tie_embeddings else V * H,
+    }
+    parts.update(ple_param_count(cfg))
+    parts["ple_added"] = sum(parts[k] for k in PLE_PARTS)
+    parts["total"] = sum(v for k, v in parts.items() if k != "ple_added")
+    parts["base_total"] = parts["total"] - parts["ple_added"]
+    parts["rest"] = parts["total"] - parts["ple_table"] - parts["embedding"]
+    return parts
+
+
+def with_ple_dim(cfg: ModelConfig, dim: int) -> ModelConfig:
+    """A copy of `cfg` with PLE width dP = `dim`."""
+    return dataclasses.replace(cfg, ple=dataclasses.replace(cfg.ple, dim=dim))
+
+
+def sweep_ple(cfg: ModelConfig, dims: list[int]) -> list[dict[str, int | float]]:
+    """Rows of the seed's table: dP, added parameters and % of the dP = 0 base, per part."""
+    rows = []
+    for d in dims:
+        c = count_params(with_ple_dim(cfg, d))
+        rows.append(
+            {
+                "ple_dim": d,
+                **{k: c[k] for k in PLE_PARTS},
+                "ple_added": c["ple_added"],
+                "base_total": c["base_total"],
+                "total": c["total"],
+                "pct_of_base": 100.0 * c["ple_added"] / c["base_total"],
+                "table_share_of_added": (c["ple_table"] / c["ple_added"]) if c["ple_added"] else 0.0,
+            }
+        )
+    return rows
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters that take part in a matmul per token (for MFU): everything but lookup tables and norms.
+
+    The output head counts (it is a V x H matmul even when tied); embedding and PLE-table lookups do not.
+    """
+    c = count_params(cfg)
+    head = cfg.vocab_size * cfg.hidden_size
+    return c["attention"] + c["ffn"] + head + c["ple_model_projection"] + c["ple_per_layer"]

@@ -1,0 +1,233 @@
+"""Typed dataclass configs: field docstrings, loading from TOML/YAML/JSON, dotted overrides.
+
+One mechanism for every config in plelab (model, training, sweeps). A config is a plain
+dataclass whose fields carry attribute docstrings (a string literal right after the field),
+which `field_docs` reads back so `--help` and error messages can quote them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from plelab.errors import PlelabError
+
+T = TypeVar("T")
+
+
+class ConfigError(PlelabError, ValueError):
+    """A config that cannot be built: unknown key, wrong type or failed validation."""
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Return {field name: docstring} read from the attribute docstrings of a dataclass."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _resolved_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Convert a value parsed from a file or the command line into the annotated type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: cannot use {value!r}")
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table of fields, got {value!r}")
+        return from_dict(hint, value, prefix=where + ".")
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [v for v in (s.strip() for s in value.split(",")) if v] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return dict(value)
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a nested dict, rejecting unknown keys with a clear message."""
+    hints = _resolved_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(prefix + u for u in unknown)}; "
+            f"known: {', '.join(sorted(names))}"
+        )
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{prefix or cls.__name__}: {exc}") from exc
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Plain nested dict of a dataclass config (JSON/TOML friendly)."""
+    return json.loads(json.dumps(dataclasses.asdict(obj)))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split `a.b=value` into a key path and a value parsed as JSON when possible."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key=value (e.g. ple.dim=128)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted `key=value` overrides to a nested dict (returns a new dict)."""
+    out = json.loads(json.dumps(data))
+    for text in overrides:
+        key, value = parse_override(text)
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is not a table")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML, YAML or JSON config file into a dict, with a clear error on failure."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file {path}: use .toml, .yaml or .json")
+    except ConfigError:
+        raise
+    except Exception as exc:  # parser errors differ per format; report them uniformly
+        raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a table of keys at the top level")
+    return data
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """List (dotted key, default, docstring) for every field, descending into nested configs."""
+    rows = []
+    docs = field_docs(cls)
+    hints = _resolved_hints(cls)
+    inst = cls()
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        val = getattr(inst, f.name)
+        if dataclasses.is_dataclass(hint):
+            rows.extend(describe(hint, prefix + f.name + "."))
+        else:
+            rows.append((prefix + f.name, repr(val), docs.get(f.name, "")))
+    return rows
