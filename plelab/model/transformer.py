@@ -141,10 +141,15 @@ class LanguageModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i in self.ple_slot) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_size, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = self.rope_buffers(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+
+    @staticmethod
+    def rope_buffers(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE cos/sin tables for `cfg.max_seq_len` positions."""
+        return rope_tables(cfg.head_size, cfg.max_seq_len, cfg.rope_theta, device)
 
     def reset_parameters(self) -> None:
         """Normal(0, init_std) weights, residual outputs scaled by 1/sqrt(2L), norms at one."""

@@ -1,0 +1,192 @@
+"""Checkpoints: safetensors weights + JSON config + training state, written atomically, verified on load.
+
+Layout of one checkpoint directory (`RUN_DIR/checkpoints/step_00000100/`):
+    model.safetensors   weights (names as in `LanguageModel.state_dict()`)
+    config.json         {"model": ModelConfig fields, "train": training config or null, "tokenizer": path or null}
+    state.pt            optimizer, scheduler, loader, RNG and step (absent in weights-only exports)
+    manifest.json       sha256 + size of every file above; written last, so its presence marks completion
+`RUN_DIR/checkpoints/LATEST` names the newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from plelab.errors import PlelabError
+from plelab.model.config import ModelConfig
+from plelab.model.transformer import LanguageModel
+from plelab.util.dataclass_config import ConfigError, from_dict, to_dict
+
+
+class CheckpointError(PlelabError):
+    """A checkpoint that is missing, incomplete or corrupt."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write a file via temp file + fsync + rename: readers see the old or the new file, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def save_checkpoint(
+    ckpt_dir: Path,
+    model: LanguageModel,
+    train_config: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
+) -> Path:
+    """Write a complete checkpoint into `ckpt_dir` atomically (built in a temp dir, then renamed)."""
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=ckpt_dir.parent, prefix=f".{ckpt_dir.name}.tmp"))
+    try:
+        weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(weights, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(
+            json.dumps({"model": to_dict(model.config), "train": train_config, "tokenizer": tokenizer}, indent=2)
+        )
+        files = ["model.safetensors", "config.json"]
+        if state is not None:
+            torch.save(state, tmp / "state.pt")
+            files.append("state.pt")
+        for name in files:
+            _fsync_file(tmp / name)
+        manifest = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files}
+        atomic_write_bytes(tmp / "manifest.json", json.dumps(manifest, indent=2).encode())
+        fsync_dir(tmp)
+        if ckpt_dir.exists():
+            shutil.rmtree(ckpt_dir)
+        os.replace(tmp, ckpt_dir)
+        fsync_dir(ckpt_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ckpt_dir
+
+
+def verify_checkpoint(ckpt_dir: Path) -> dict[str, Any]:
+    """Check every file against the manifest; return the manifest or raise CheckpointError."""
+    ckpt_dir = Path(ckpt_dir)
+    mpath = ckpt_dir / "manifest.json"
+    if not mpath.is_file():
+        raise CheckpointError(f"{ckpt_dir} is not a complete checkpoint (no manifest.json)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{mpath} is corrupt: {exc}") from exc
+    for name, meta in manifest.items():
+        f = ckpt_dir / name
+        if not f.is_file():
+            raise CheckpointError(f"{ckpt_dir}: {name} is missing")
+        if f.stat().st_size != meta["bytes"] or sha256_file(f) != meta["sha256"]:
+            raise CheckpointError(f"{ckpt_dir}: {name} fails its checksum (corrupt or truncated)")
+    return manifest
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint dir, or a run dir's newest complete checkpoint."""
+    path = Path(path)
+    if (path / "manifest.json").is_file():
+        return path
+    ckpts = path / "checkpoints"
+    latest = ckpts / "LATEST"
+    if latest.is_file():
+        cand = ckpts / latest.read_text().strip()
+        if (cand / "manifest.json").is_file():
+            return cand
+    found = sorted(p for p in ckpts.glob("step_*") if (p / "manifest.json").is_file()) if ckpts.is_dir() else []
+    if found:
+        return found[-1]
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    raise CheckpointError(f"{path} holds no complete checkpoint")
+
+
+def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
+    """The config.json of a checkpoint (or of a run dir's newest checkpoint)."""
+    ckpt = resolve_checkpoint(path)
+    return json.loads((ckpt / "config.json").read_text())
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> tuple[LanguageModel, dict]:
+    """Load (model, config.json dict) from a checkpoint or run dir, checksums verified first."""
+    ckpt = resolve_checkpoint(path)
+    if verify:
+        verify_checkpoint(ckpt)
+    meta = json.loads((ckpt / "config.json").read_text())
+    try:
+        cfg = from_dict(ModelConfig, meta["model"])
+    except (ConfigError, KeyError) as exc:
+        raise CheckpointError(f"{ckpt}/config.json has an invalid model config: {exc}") from exc
+    with torch.device("meta"):
+        model = LanguageModel(cfg)
+    weights = load_file(str(ckpt / "model.safetensors"), device=str(device))
+    missing = set(model.state_dict()) - set(weights)
+    if missing:
+        raise CheckpointError(f"{ckpt}: weights missing for {sorted(missing)[:5]}")
+    model.load_state_dict(weights, assign=True)
+    # Non-persistent buffers (RoPE tables) were created on meta; rebuild them for real.
+    fresh = LanguageModel.rope_buffers(cfg, device)
+    model.rope_cos, model.rope_sin = fresh
+    model.checkpoint_dir = ckpt
+    return model.to(device).eval(), meta
+
+
+def load_training_state(ckpt: Path) -> dict[str, Any]:
+    """The optimizer/loader/RNG state saved with a checkpoint."""
+    f = Path(ckpt) / "state.pt"
+    if not f.is_file():
+        raise CheckpointError(f"{ckpt} has no training state (a weights-only checkpoint cannot be resumed)")
+    return torch.load(f, map_location="cpu", weights_only=False)
+
+
+def prune_checkpoints(ckpts_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (and any stale temp dirs)."""
+    ckpts_dir = Path(ckpts_dir)
+    done = sorted(p for p in ckpts_dir.glob("step_*") if (p / "manifest.json").is_file())
+    for old in done[: max(0, len(done) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    for tmp in ckpts_dir.glob(".step_*.tmp*"):
+        shutil.rmtree(tmp, ignore_errors=True)
