@@ -2,7 +2,8 @@
 
 Layout of one checkpoint directory (`RUN_DIR/checkpoints/step_00000100/`):
     model.safetensors   weights (names as in `LanguageModel.state_dict()`)
-    config.json         {"model": ModelConfig fields, "train": training config or null, "tokenizer": path or null}
+    config.json         {"model": ModelConfig fields, "train": training config or null, "tokenizer": sha256 or null}
+    tokenizer.json      the tokenizer the model was trained with (when known)
     state.pt            optimizer, scheduler, loader, RNG and step (absent in weights-only exports)
     manifest.json       sha256 + size of every file above; written last, so its presence marks completion
 `RUN_DIR/checkpoints/LATEST` names the newest complete checkpoint.
@@ -75,7 +76,7 @@ def save_checkpoint(
     model: LanguageModel,
     train_config: dict[str, Any] | None = None,
     state: dict[str, Any] | None = None,
-    tokenizer: str | None = None,
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """Write a complete checkpoint into `ckpt_dir` atomically (built in a temp dir, then renamed)."""
     ckpt_dir = Path(ckpt_dir)
@@ -84,10 +85,15 @@ def save_checkpoint(
     try:
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(weights, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(
-            json.dumps({"model": to_dict(model.config), "train": train_config, "tokenizer": tokenizer}, indent=2)
-        )
         files = ["model.safetensors", "config.json"]
+        tok_hash = None
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+            tok_hash = sha256_file(tmp / "tokenizer.json")
+            files.append("tokenizer.json")
+        (tmp / "config.json").write_text(
+            json.dumps({"model": to_dict(model.config), "train": train_config, "tokenizer": tok_hash}, indent=2)
+        )
         if state is not None:
             torch.save(state, tmp / "state.pt")
             files.append("state.pt")

@@ -1,0 +1,224 @@
+"""One CPU training step (forward + backward + AdamW) of plelab's model against transformers' Llama.
+
+Prints one JSON object. Three measurements, all in this process, all with alternating A/B order and
+medians over repeats after warm-up (the machine is shared, so single timings are noise):
+
+1. ours (dP = 0) vs `LlamaForCausalLM` with identical dimensions, sdpa attention, tied embedding,
+   the same batch, and the same AdamW settings on both sides. Before timing, our weights are copied
+   into the Llama model and the losses compared, which proves the two compute the same function.
+2. the step-time cost of PLE at dP = H/2 against dP = 0 on the same core.
+3. CPU MFU of ours: 6 * matmul params * tokens/s / a measured fp32 matmul peak (tables excluded),
+   and the same with the attention term (see plelab/training/mfu.py).
+
+    python3 benchmarks/bench_train_step.py            # default size, about 2-3 minutes on 2 cores
+    python3 benchmarks/bench_train_step.py --quick    # tiny smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from plelab.model.config import ModelConfig  # noqa: E402
+from plelab.model.params import count_params, matmul_params, with_ple_dim  # noqa: E402
+from plelab.model.presets import load_model_config  # noqa: E402
+from plelab.model.transformer import LanguageModel  # noqa: E402
+from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token  # noqa: E402
+
+# Identical on both sides; foreach/fused are chosen by torch's defaults for CPU tensors unless set here.
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def model_config(args: argparse.Namespace, ple_dim: int = 0) -> ModelConfig:
+    """Our config for the benchmark size."""
+    return load_model_config(
+        dict(
+            vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+            num_kv_heads=args.kv_heads, max_seq_len=args.seq, tie_embeddings=True,
+            ffn=dict(kind="swiglu", intermediate_size=args.ffn), ple=dict(dim=ple_dim),
+        )
+    )
+
+
+def llama_model(cfg: ModelConfig) -> torch.nn.Module:
+    """transformers' LlamaForCausalLM with exactly the dimensions of `cfg` (dP must be 0)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_size, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, tie_word_embeddings=True,
+        attention_bias=False, mlp_bias=False, hidden_act="silu", use_cache=False,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(hf)
+
+
+def parity(ours: LanguageModel, llama: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> dict:
+    """Copy our weights into Llama and compare logits and loss (proves identical dimensions and math)."""
+    missing, unexpected = llama.model.load_state_dict(ours.state_dict(), strict=False)
+    if unexpected or missing:
+        raise RuntimeError(f"weight mapping failed: missing {missing}, unexpected {unexpected}")
+    llama.tie_weights()
+    with torch.no_grad():
+        lo, loss_o = ours(ids, targets)
+        out = llama(input_ids=ids, labels=ids)
+    return {
+        "max_abs_logit_diff": float((lo - out.logits).abs().max()),
+        "loss_ours": float(loss_o),
+        "loss_llama": float(out.loss),
+    }
+
+
+def step_fn(model: torch.nn.Module, kind: str, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], float]:
+    """A closure running one training step; returns the loss."""
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    model.train()
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        if kind == "llama":
+            # The standard HF training call: labels = ids, the model shifts them itself.
+            loss = model(input_ids=ids, labels=ids).loss
+        else:
+            loss = model(ids, targets)[1]
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def alternate(a: Callable[[], float], b: Callable[[], float], warmup: int, repeats: int) -> tuple[list, list]:
+    """Time a and b `repeats` times each, alternating which goes first (ABBA...), after `warmup` each."""
+    for _ in range(warmup):
+        a()
+        b()
+    ta, tb = [], []
+    for r in range(repeats):
+        order = [(a, ta), (b, tb)] if r % 2 == 0 else [(b, tb), (a, ta)]
+        for fn, acc in order:
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return ta, tb
+
+
+def summary(times: list[float]) -> dict:
+    """Median, min, max in seconds."""
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "n": len(times)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark and print its JSON."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny size and few repeats: a smoke run in seconds")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=688)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--ple-dim", type=int, default=None, help="PLE width for the cost measurement; default H/2")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.heads, args.kv_heads, args.ffn = 64, 2, 4, 2, 172
+        args.vocab, args.batch, args.seq, args.warmup, args.repeats = 1024, 2, 64, 1, 3
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ple_dim = args.ple_dim if args.ple_dim is not None else args.hidden // 2
+    command = "python3 " + shlex.join(["benchmarks/bench_train_step.py", *(sys.argv[1:] if argv is None else argv)])
+
+    torch.manual_seed(args.seed)
+    cfg = model_config(args)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq))
+    # Our targets are pre-shifted (-1 = ignored); Llama gets labels=ids and shifts internally: same pairs.
+    targets = torch.cat([ids[:, 1:], torch.full((args.batch, 1), -1)], dim=1)
+    tokens = args.batch * args.seq
+
+    t_start = time.perf_counter()
+    peak = measure_matmul_peak(size=512 if args.quick else 1024, seconds=0.3 if args.quick else 1.5)
+
+    ours = LanguageModel(cfg)
+    llama = llama_model(cfg)
+    check = parity(ours, llama, ids, targets)
+    # Fresh Llama weights for timing so the two models own separate tensors (tying is kept).
+    llama = llama_model(cfg)
+    t_ours, t_llama = alternate(
+        step_fn(ours, "ours", ids, targets), step_fn(llama, "llama", ids, targets), args.warmup, args.repeats
+    )
+
+    cfg_ple = with_ple_dim(cfg, ple_dim)
+    ple_model = LanguageModel(cfg_ple)
+    base_model = LanguageModel(cfg)
+    t_base, t_ple = alternate(
+        step_fn(base_model, "ours", ids, targets), step_fn(ple_model, "ours", ids, targets), args.warmup, args.repeats
+    )
+
+    med_ours, med_llama = statistics.median(t_ours), statistics.median(t_llama)
+    med_base, med_ple = statistics.median(t_base), statistics.median(t_ple)
+    tok_s = tokens / med_ours
+    tok_s_ple = tokens / med_ple
+    result = {
+        "command": command,
+        "config": {
+            "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+            "num_kv_heads": cfg.kv_heads, "head_dim": cfg.head_size, "ffn_intermediate": cfg.ffn.intermediate_size,
+            "vocab_size": cfg.vocab_size, "tie_embeddings": True, "batch": args.batch, "seq_len": args.seq,
+            "tokens_per_step": tokens, "params_total": count_params(cfg)["total"], "matmul_params": matmul_params(cfg),
+            "optimizer": {"name": "torch.optim.AdamW", **{k: list(v) if isinstance(v, tuple) else v
+                                                          for k, v in ADAMW.items()}},
+            "llama": "transformers.LlamaForCausalLM, attn_implementation=sdpa, labels=ids (HF's own loss)",
+            "warmup": args.warmup, "repeats": args.repeats, "order": "alternating AB / BA",
+        },
+        "env": {
+            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+            "threads": torch.get_num_threads(), "python": platform.python_version(), "machine": platform.machine(),
+        },
+        "parity_same_weights": check,
+        "ours_vs_llama": {
+            "ours": summary(t_ours), "llama": summary(t_llama),
+            "ratio_llama_over_ours": med_llama / med_ours,
+            "target": 1.3, "meets_target": med_llama / med_ours >= 1.3,
+        },
+        "ple_cost": {
+            "ple_dim": ple_dim, "ple_params_added": count_params(cfg_ple)["ple_added"],
+            "dp0": summary(t_base), "ple": summary(t_ple),
+            "ratio_ple_over_dp0": med_ple / med_base,
+        },
+        "mfu": {
+            "matmul_peak_flops": peak,
+            "ours_tokens_per_s": tok_s,
+            "flops_per_token_6n": 6 * matmul_params(cfg),
+            "flops_per_token_with_attention": train_flops_per_token(cfg, args.seq),
+            "mfu_6n": mfu(tok_s, cfg, peak, args.seq, attention=False),
+            "mfu_with_attention": mfu(tok_s, cfg, peak, args.seq, attention=True),
+            "ple_tokens_per_s": tok_s_ple,
+            "ple_mfu_6n": mfu(tok_s_ple, cfg_ple, peak, args.seq, attention=False),
+        },
+        "wall_s": time.perf_counter() - t_start,
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

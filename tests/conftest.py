@@ -1,0 +1,27 @@
+"""Shared fixtures: the real data in ../shared/data (skipped with a reason when absent)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("PLELAB_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Path to ../shared/data; skips the test when the data is not on this machine."""
+    if not (SHARED_DATA / "train").is_dir() or not (SHARED_DATA / "valid").is_dir():
+        pytest.skip(f"real data not found at {SHARED_DATA} (set PLELAB_SHARED_DATA)")
+    return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    # Two cores are shared by everything on this machine; keep tests from oversubscribing.
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    yield
