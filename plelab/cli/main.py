@@ -11,6 +11,14 @@ from plelab.errors import PlelabError
 # Subcommand name -> module in plelab.cli exposing `add_parser(subparsers)` and `run(args) -> int`.
 COMMANDS = {
     "params": "plelab.cli.params",
+    "train": "plelab.cli.train",
+    "eval": "plelab.cli.evaluate",
+    "generate": "plelab.cli.generate",
+    "export": "plelab.cli.edge",
+    "plan": "plelab.cli.edge",
+    "run": "plelab.cli.edge",
+    "data": "plelab.cli.data",
+    "diagnose": "plelab.cli.diagnose",
 }
 
 

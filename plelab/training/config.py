@@ -1,0 +1,114 @@
+"""Training configuration: one typed dataclass, loadable from TOML/YAML/JSON, overridable by dotted keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plelab.model.config import ModelConfig
+from plelab.model.presets import load_model_config
+from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs besides the model weights."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model; in files, `[model]` may name `preset = "small-ple"` and override fields below it."""
+    data: str = ""
+    """Prepared token-shard directory (from `plelab data prepare`)."""
+    eval_data: str = ""
+    """Folder of per-domain validation .txt files (e.g. ../shared/data/valid); empty = none."""
+    tokenizer: str = ""
+    """tokenizer.json; empty = the one next to the prepared data (DATA/tokenizer.json)."""
+    batch_size: int = 16
+    """Sequences per micro-batch."""
+    seq_len: int = 0
+    """Tokens per sequence; 0 = the model's max_seq_len."""
+    grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step."""
+    max_steps: int = 1000
+    """Optimizer steps to train."""
+    lr: float = 3e-3
+    """Peak learning rate (AdamW for the dense part, lazy Adam for a sparse PLE table)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
+    warmup_steps: int = 50
+    """Linear warmup steps."""
+    weight_decay: float = 0.1
+    """AdamW decay on matrices; never on norms, embeddings, PLE tables or gates."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.95
+    """Adam beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = off)."""
+    sparse_ple: bool = True
+    """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP."""
+    seed: int = 1337
+    """Seed for initialisation, data order and sampling."""
+    device: str = "auto"
+    """auto (cuda, then mps, then cpu), or an explicit torch device."""
+    dtype: str = "auto"
+    """auto (bf16 autocast where the hardware supports it, else fp32), bf16 or fp32."""
+    log_every: int = 10
+    """Print and log a metrics line every N steps."""
+    eval_every: int = 0
+    """Evaluate on eval_data every N steps (0 = only at the end)."""
+    eval_tokens: int = 16384
+    """Cap on tokens per domain for evaluations during training."""
+    ckpt_every: int = 100
+    """Write a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Keep the newest K checkpoints."""
+    max_bad_steps: int = 5
+    """Stop after this many non-finite losses in a row (each one is skipped and counted)."""
+    diagnostics_every: int = 0
+    """Log PLE diagnostics (injection ratio, gates, gradient ratios) every N steps (0 = off)."""
+    early_warning_fraction: float = 0.1
+    """Fraction of training at which the PLE early-warning verdict is taken."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (RUN_DIR/tb) when tensorboard is installed."""
+    wandb: bool = False
+    """Also log to Weights & Biases when wandb is installed (project 'plelab')."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "max_steps", "log_every", "ckpt_every", "keep_checkpoints"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.seq_len < 0 or self.seq_len > self.model.max_seq_len:
+            raise ConfigError(f"seq_len must be in 0..model.max_seq_len ({self.model.max_seq_len}), got {self.seq_len}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+
+    @property
+    def context(self) -> int:
+        """Tokens per training sequence."""
+        return self.seq_len or self.model.max_seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens consumed per optimizer step."""
+        return self.batch_size * self.grad_accum * self.context
+
+
+def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:
+    """Build a TrainConfig from a file or dict plus `key=value` overrides (e.g. model.ple.dim=0)."""
+    data = dict(source) if isinstance(source, dict) else read_file(source)
+    data = apply_overrides(data, overrides or [])
+    model = data.pop("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError("[model] must be a table (e.g. preset = \"small-ple\")")
+    data["model"] = load_model_config(model)
+    return from_dict(TrainConfig, data)
+
+
+def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """JSON-friendly dict of a TrainConfig (round-trips through load_train_config)."""
+    return to_dict(cfg)

@@ -1,0 +1,81 @@
+"""What the trainer and evaluators need from plelab.data: batches on the device, the tokenizer, eval domains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from plelab.data.loader import BatchLoader, TokenDataset
+from plelab.data.prepare import EvalDomain, load_eval_domains
+from plelab.data.tokenizer import Tokenizer
+from plelab.errors import PlelabError
+
+
+def checkpoint_tokenizer(ckpt_dir: str | Path, vocab_size: int) -> Tokenizer:
+    """The tokenizer saved with a checkpoint, checked against the model's vocabulary."""
+    path = Path(ckpt_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise PlelabError(f"{ckpt_dir} has no tokenizer.json; cannot turn text into this model's token ids")
+    tok = Tokenizer.load(path)
+    if tok.vocab_size > vocab_size:
+        raise PlelabError(
+            f"tokenizer/model vocab mismatch: tokenizer has {tok.vocab_size} ids, model only {vocab_size}"
+        )
+    return tok
+
+
+def eval_domains(path: str | Path, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> dict[str, EvalDomain]:
+    """Tokenized evaluation domains from a folder of <domain>.txt files (or one file), cached when asked."""
+    return load_eval_domains(path, tokenizer, cache_dir)
+
+
+def split_as_domain(dataset: TokenDataset, max_tokens: int, name: str = "val") -> EvalDomain:
+    """A prepared split (e.g. the held-out `val`) as one evaluation domain; bytes pro rata from the manifest."""
+    n = min(len(dataset), max_tokens + 1)
+    tokens = dataset.get(0, n)
+    total_bytes = int(dataset.manifest["splits"][dataset.split]["bytes"])
+    n_bytes = max(1, round(total_bytes * n / len(dataset)))
+    return EvalDomain(name, tokens, n_bytes, np.array([n]), np.array([n_bytes]))
+
+
+class TrainingData:
+    """Training batches (resumable), the tokenizer file to ship with checkpoints, and evaluation domains."""
+
+    def __init__(self, cfg: Any, device: torch.device):
+        if not cfg.data:
+            raise PlelabError("no training data: set data = \"DIR\" (a folder from `plelab data prepare`)")
+        self.device = device
+        tok_sha = Tokenizer.load(cfg.tokenizer).sha256 if cfg.tokenizer else None
+        self.dataset = TokenDataset(cfg.data, "train", vocab_size=cfg.model.vocab_size, tokenizer_sha256=tok_sha)
+        self.tokenizer_path = Path(cfg.tokenizer) if cfg.tokenizer else self.dataset.tokenizer_path
+        self.loader = BatchLoader(self.dataset, cfg.batch_size, cfg.context, seed=cfg.seed)
+        self.eval_domains: dict[str, EvalDomain] = {}
+        if cfg.eval_data:
+            tokenizer = Tokenizer.load(self.tokenizer_path)
+            cache = Path(cfg.data) / "eval_cache"
+            try:
+                cache.mkdir(exist_ok=True)
+            except OSError:
+                cache = None  # read-only data folder: tokenize without caching
+            self.eval_domains = eval_domains(cfg.eval_data, tokenizer, cache)
+        else:
+            try:
+                self.eval_domains = {"val": split_as_domain(TokenDataset(cfg.data, "val"), cfg.eval_tokens)}
+            except PlelabError:
+                self.eval_domains = {}
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next (x, y) batch, on the training device."""
+        x, y = self.loader.next_batch()
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Loader position."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the loader position."""
+        self.loader.load_state_dict(state)

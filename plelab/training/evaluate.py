@@ -1,0 +1,58 @@
+"""Per-domain evaluation: loss in nats per token and bits per byte, plus their macro average.
+
+Bits per byte makes models with different tokenizers comparable: bpb = summed NLL / (UTF-8 bytes * ln 2).
+A capped evaluation scores whole documents only (EvalDomain.head), so its byte count stays exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from plelab.data.loader import eval_batches
+from plelab.data.prepare import EvalDomain
+from plelab.model.transformer import LanguageModel
+
+
+@torch.no_grad()
+def domain_nll(model: LanguageModel, domain: EvalDomain, seq_len: int, batch_size: int, autocast=None) -> float:
+    """Summed next-token NLL (nats) over every target of the domain."""
+    device = next(model.parameters()).device
+    total = 0.0
+    for x, y in eval_batches(domain.tokens, seq_len, batch_size, pad_id=0):
+        with autocast if autocast is not None else contextlib.nullcontext():
+            _, loss = model(x.to(device), y.to(device))
+        total += float(loss) * int((y != -100).sum())
+    return total
+
+
+def evaluate_domains(
+    model: LanguageModel,
+    domains: dict[str, EvalDomain],
+    seq_len: int,
+    batch_size: int = 8,
+    max_tokens: int | None = None,
+    autocast=None,
+) -> dict[str, Any]:
+    """{"domains": {name: {loss, bpb, tokens}}, "macro": {loss, bpb}}; max_tokens caps each domain."""
+    was_training = model.training
+    model.eval()
+    out: dict[str, Any] = {}
+    for name, dom in sorted(domains.items()):
+        if max_tokens is not None:
+            dom = dom.head(max_tokens)
+        if dom.n_targets < 1:
+            continue
+        nll = domain_nll(model, dom, seq_len, batch_size, autocast)
+        out[name] = {
+            "loss": nll / dom.n_targets,
+            "bpb": nll / (max(dom.n_bytes, 1) * math.log(2)),
+            "tokens": dom.n_targets,
+        }
+    model.train(was_training)
+    macro = {k: float(np.mean([d[k] for d in out.values()])) if out else float("nan") for k in ("loss", "bpb")}
+    return {"domains": out, "macro": macro, "max_tokens_per_domain": max_tokens}

@@ -1,0 +1,104 @@
+"""Optimizers: AdamW for the dense part, a lazy row-wise Adam for sparse PLE tables, one schedule.
+
+Why lazy: dense AdamW over a V x L x dP table touches every row every step (moments decay, stale momentum
+keeps moving unseen rows), so a step costs time and memory in proportion to V. With sparse gradients
+only the rows in the batch have gradient; `torch.optim.SparseAdam` updates exactly those rows' moments
+and values. Differences from dense AdamW, by design: (1) a row's moments only decay on steps that see it,
+(2) unseen rows do not move at all (dense Adam keeps moving them with leftover momentum), (3) no weight
+decay (tables are excluded from decay anyway), (4) bias correction uses the global step count.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from plelab.training.config import TrainConfig
+
+
+def sparse_tables(model: nn.Module) -> list[nn.Embedding]:
+    """The PLE table embeddings of a model (the only modules we make sparse)."""
+    ple = getattr(model, "per_layer_inputs", None)
+    return [ple.embed_tokens_per_layer] if ple is not None else []
+
+
+def no_decay(name: str, p: torch.Tensor) -> bool:
+    """Norms, embeddings, PLE tables, gates and vectors get no weight decay."""
+    return p.ndim < 2 or "embed" in name or "norm" in name or name.endswith(".gate")
+
+
+class Optimizer:
+    """AdamW (dense params) + optional SparseAdam (sparse tables) behind one step/zero_grad/state API."""
+
+    def __init__(self, model: nn.Module, cfg: TrainConfig, fused: bool = False):
+        sparse_params = set()
+        if cfg.sparse_ple:
+            for emb in sparse_tables(model):
+                emb.sparse = True
+                sparse_params.add(id(emb.weight))
+        decay, plain = [], []
+        for name, p in model.named_parameters():
+            if not p.requires_grad or id(p) in sparse_params:
+                continue
+            (plain if no_decay(name, p) else decay).append(p)
+        betas = (cfg.beta1, cfg.beta2)
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+        kwargs = {"fused": True} if fused else {"foreach": True}
+        self.dense = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=betas, **kwargs)
+        sparse = [p for p in model.parameters() if id(p) in sparse_params and p.requires_grad]
+        self.sparse = torch.optim.SparseAdam(sparse, lr=cfg.lr, betas=betas) if sparse else None
+        self.optimizers = [o for o in (self.dense, self.sparse) if o is not None]
+
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of every group."""
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def step(self) -> None:
+        """One update of every parameter that has a gradient."""
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self) -> None:
+        """Drop all gradients."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Both optimizers' states."""
+        return {"dense": self.dense.state_dict(), "sparse": self.sparse.state_dict() if self.sparse else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        self.dense.load_state_dict(state["dense"])
+        if self.sparse is not None and state.get("sparse") is not None:
+            self.sparse.load_state_dict(state["sparse"])
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to cfg.lr * cfg.min_lr_ratio at cfg.max_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.max_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float) -> float:
+    """Global L2 norm over dense and sparse gradients; scale them down to max_norm when above it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    # Sum on the device and synchronise once (one .item() per step, not one per tensor).
+    sq = torch.stack([(g.coalesce().values() if g.is_sparse else g).detach().float().pow(2).sum() for g in grads])
+    norm = float(sq.sum().sqrt())
+    if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(scale)
+    return norm
