@@ -10,6 +10,7 @@ from plelab.errors import PlelabError
 
 # Subcommand name -> module in plelab.cli exposing `add_parser(subparsers)` and `run(args) -> int`.
 COMMANDS = {
+    "demo": "plelab.cli.demo",
     "params": "plelab.cli.params",
     "train": "plelab.cli.train",
     "eval": "plelab.cli.evaluate",

@@ -1,1 +1,12 @@
-"""plelab.diagnostics."""
+"""PLE diagnostics: is a model's per-layer embedding alive, weak or dead, and does the early warning say so?
+
+Entry points:
+    diagnose_model(model, batches, ...)    every diagnostic plus verdicts as one JSON-ready dict (diagnose.py)
+    PLEMonitor(every=N, ...)               the trainer callback: metrics every N steps, early.json, final.json
+    ablation_study / ple_ablated           loss with PLE switched off per layer and all at once (ablation.py)
+    probe_layers                           injection ratio and gate statistics per layer (injection.py, gates.py)
+    grad_norm_ratios                       gate / projection / table gradient norms over the trunk's (grads.py)
+    table_health                           table rows vs random baselines, frequent and delta views (table_health.py)
+    verdict.RULES and its constants        the alive / weak / dead rule (verdict.py)
+`plelab diagnose RUN_DIR_OR_CKPT [--data DIR] [--json]` wraps diagnose_model for checkpoints.
+"""

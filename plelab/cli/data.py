@@ -1,0 +1,226 @@
+"""`plelab data`: train tokenizers, prepare token shards, inspect datasets, tokenize evaluation domains."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+
+from plelab.cli.common import add_command, print_json
+from plelab.data.prepare import (
+    DEFAULT_SHARD_TOKENS,
+    DEFAULT_TOKENIZER_SAMPLE,
+    load_eval_domains,
+    prepare_dataset,
+    resolve_tokenizer,
+    train_tokenizer,
+)
+from plelab.data.sources import KINDS, DataError, SourceOptions
+from plelab.data.tokenizer import Tokenizer
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int | None:
+    """'20M', '1.5GB', '512k', '100000' -> bytes (decimal units; 'MiB' style is binary); 'all'/'0' -> None."""
+    if text.strip().lower() in ("all", "none", "0"):
+        return None
+    m = _SIZE.match(text)
+    if not m:
+        raise DataError(f"cannot read size {text!r} (examples: 20M, 1.5GB, 512k, all)")
+    base = 1024 if m.group(3).lower().startswith("i") else 1000
+    return int(float(m.group(1)) * base ** " kmgt".index((m.group(2) or " ").lower()))
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (it may be swapped, e.g. by test capture)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _setup_logging() -> None:
+    logger = logging.getLogger("plelab.data")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("plelab data: %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _add_source_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", default="auto", choices=("auto", *KINDS),
+                   help="input type; auto = by suffix (.txt/.md/.rst text, .jsonl/.json JSON Lines, .parquet, "
+                        ".gz for text/JSONL) and datasets save_to_disk folders")
+    p.add_argument("--text-field", default="text", help="JSONL key / parquet or datasets column holding the text")
+    p.add_argument("--hf-split", help="split of a DatasetDict folder (default: train)")
+
+
+def _options(args: argparse.Namespace) -> SourceOptions:
+    return SourceOptions(format=args.format, text_field=args.text_field, hf_split=args.hf_split)
+
+
+def add_parser(sub) -> None:
+    """Register `plelab data` and its subcommands."""
+    p = add_command(
+        sub, "data", "Tokenizers and token datasets: train a tokenizer, prepare shards, inspect, eval domains.",
+        "plelab data prepare ../shared/data/train --tokenizer tok8k.json --vocab-size 8192 --out /tmp/plelab-data\n"
+        "  plelab data tokenizer ../shared/data/train --vocab-size 8192 --out tok8k.json\n"
+        "  plelab data info /tmp/plelab-data\n"
+        "  plelab data eval-domains ../shared/data/valid --tokenizer /tmp/plelab-data/tokenizer.json",
+        lambda args: (p.print_help(), 1)[1],
+    )
+    dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    pp = add_command(
+        dsub, "prepare",
+        "Tokenize text files, folders, JSONL, parquet or datasets folders into train/val token shards + manifest.",
+        "plelab data prepare ../shared/data/train --tokenizer tok8k.json --vocab-size 8192 --out /tmp/plelab-data\n"
+        "  plelab data prepare notes/ more.jsonl --text-field content --tokenizer byte --out data/mine\n"
+        "  plelab data prepare corpus.parquet --tokenizer /tmp/plelab-data/tokenizer.json --out data/pq --overwrite\n"
+        "A --tokenizer file that does not exist is trained on the inputs first when --vocab-size is given.",
+        run_prepare,
+    )
+    pp.add_argument("inputs", nargs="+", metavar="INPUT", help="files or folders")
+    pp.add_argument("--tokenizer", required=True,
+                    help="tokenizer.json (or a folder with one); 'byte' = plain byte tokenizer")
+    pp.add_argument("--out", required=True, help="dataset folder to create")
+    pp.add_argument("--vocab-size", type=int, help="train a BPE of this size if --tokenizer does not exist")
+    pp.add_argument("--tokenizer-max-bytes", default="20M",
+                    help="text sampled evenly across inputs to train the tokenizer (default 20M; 'all')")
+    pp.add_argument("--val-fraction", type=float, default=0.005, help="share of documents held out (default 0.005)")
+    pp.add_argument("--seed", type=int, default=0, help="seed of the train/val split hash (default 0)")
+    pp.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file")
+    pp.add_argument("--overwrite", action="store_true", help="replace an existing prepared dataset at --out")
+    pp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pp.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    _add_source_flags(pp)
+
+    pt = add_command(
+        dsub, "tokenizer", "Train a byte-level BPE tokenizer (tokenizer.json, loadable by transformers).",
+        "plelab data tokenizer ../shared/data/train --vocab-size 8192 --out tok8k.json\n"
+        "  plelab data tokenizer docs/ --vocab-size 4096 --max-bytes all --out tok4k.json\n"
+        "  plelab data tokenizer --byte --out byte.json",
+        run_tokenizer,
+    )
+    pt.add_argument("inputs", nargs="*", metavar="INPUT", help="files or folders to train on")
+    pt.add_argument("--vocab-size", type=int, help="vocabulary size including the special tokens")
+    pt.add_argument("--out", required=True, help="tokenizer.json to write")
+    pt.add_argument("--max-bytes", default=f"{DEFAULT_TOKENIZER_SAMPLE // 1_000_000}M",
+                    help="sample at most this much text, evenly across inputs (default 20M; 'all')")
+    pt.add_argument("--byte", action="store_true", help="write the plain byte tokenizer (no training)")
+    pt.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_source_flags(pt)
+
+    pi = add_command(dsub, "info", "Summarise a prepared dataset (splits, tokens, sources, tokenizer).",
+                     "plelab data info /tmp/plelab-data --sample 40", run_info)
+    pi.add_argument("dataset", help="prepared dataset folder")
+    pi.add_argument("--sample", type=int, default=0, metavar="N", help="also decode the first N val/train tokens")
+    pi.add_argument("--verify", action="store_true", help="check shard checksums and token ranges (reads all)")
+    pi.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    pe = add_command(
+        dsub, "eval-domains", "Tokenize evaluation domains (one per *.txt): tokens, bytes, bytes per token.",
+        "plelab data eval-domains ../shared/data/valid --tokenizer /tmp/plelab-data/tokenizer.json --cache /tmp/ev",
+        run_eval_domains,
+    )
+    pe.add_argument("valid_dir", help="folder of domain .txt files (or one file)")
+    pe.add_argument("--tokenizer", required=True, help="tokenizer.json or folder; 'byte' = byte tokenizer")
+    pe.add_argument("--cache", help="cache folder for tokenized domains")
+    pe.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """Prepare a dataset, training the tokenizer first if asked."""
+    _setup_logging()
+    opts = _options(args)
+    progress = not args.no_progress and sys.stderr.isatty()
+    tok = resolve_tokenizer(args.tokenizer, args.inputs, vocab_size=args.vocab_size,
+                            max_bytes=parse_size(args.tokenizer_max_bytes), options=opts, show_progress=progress)
+    m = prepare_dataset(args.inputs, tok, args.out, val_fraction=args.val_fraction, seed=args.seed, options=opts,
+                        shard_tokens=args.shard_tokens, overwrite=args.overwrite, progress=progress)
+    if args.json:
+        print_json(m)
+        return 0
+    tr, va = m["splits"]["train"], m["splits"]["val"]
+    print(f"{args.out}: train {tr['tokens']:,} tokens / {tr['documents']:,} docs / {tr['bytes']:,} bytes; "
+          f"val {va['tokens']:,} tokens / {va['documents']:,} docs; {m['dtype']}, vocab {tok.vocab_size:,}")
+    print(f"  {m['elapsed_s']:.1f} s, {m['tokens_per_s']:,} tokens/s, "
+          f"{(tr['bytes'] + va['bytes']) / max(tr['tokens'] + va['tokens'], 1):.2f} bytes/token, "
+          f"tokenizer {tok.sha256[:12]}")
+    return 0
+
+
+def run_tokenizer(args: argparse.Namespace) -> int:
+    """Train (or write the byte) tokenizer and save it."""
+    _setup_logging()
+    t0 = time.perf_counter()
+    if args.byte:
+        tok = Tokenizer.byte_level()
+    else:
+        if args.vocab_size is None:
+            raise DataError("--vocab-size is required (or --byte for the byte tokenizer)")
+        if not args.inputs:
+            raise DataError("no inputs to train on")
+        tok = train_tokenizer(args.inputs, args.vocab_size, max_bytes=parse_size(args.max_bytes),
+                              options=_options(args), show_progress=sys.stderr.isatty())
+    path = tok.save(args.out)
+    info = {"path": str(path), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "pad_id": tok.pad_id,
+            "sha256": tok.sha256, "seconds": round(time.perf_counter() - t0, 2)}
+    if args.json:
+        print_json(info)
+    else:
+        print(f"{path}: vocab {tok.vocab_size:,} (eot {tok.eot_id}, pad {tok.pad_id}), sha256 {tok.sha256[:12]}, "
+              f"{info['seconds']:.1f} s")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Print a dataset summary."""
+    from plelab.data.loader import TokenDataset, read_manifest
+
+    m = read_manifest(args.dataset)
+    if args.verify:
+        for split, info in m["splits"].items():
+            if info["tokens"]:
+                TokenDataset(args.dataset, split).verify()
+    if args.json:
+        print_json(m)
+        return 0
+    t = m["tokenizer"]
+    print(f"{args.dataset}: {m['format']}, {m['dtype']}, tokenizer vocab {t['vocab_size']:,} "
+          f"sha256 {t['sha256'][:12]}, created {m['created']}")
+    for split, info in m["splits"].items():
+        print(f"  {split:<5} {info['tokens']:>14,} tokens {info['documents']:>9,} docs {info['bytes']:>14,} bytes "
+              f"{len(info['shards'])} shard(s)")
+    for s in m["sources"]:
+        extra = f", {s['replaced_utf8_sequences']} bad UTF-8 replaced" if s["replaced_utf8_sequences"] else ""
+        print(f"  source {s['path']} ({s['kind']}, {s['documents']:,} docs, sha256 {s['sha256'][:12]}{extra})")
+    if args.verify:
+        print("  verified: shard checksums and token ranges match the manifest")
+    if args.sample:
+        split = "val" if m["splits"]["val"]["tokens"] else "train"
+        ds = TokenDataset(args.dataset, split)
+        tok = Tokenizer.load(ds.tokenizer_path)
+        print(f"  first {args.sample} {split} tokens: {tok.decode(ds.get(0, min(args.sample, len(ds))))!r}")
+    return 0
+
+
+def run_eval_domains(args: argparse.Namespace) -> int:
+    """Tokenize the domains and print their sizes."""
+    _setup_logging()
+    tok = resolve_tokenizer(args.tokenizer)
+    doms = load_eval_domains(args.valid_dir, tok, args.cache)
+    rows = {n: {"documents": d.n_docs, "tokens": len(d.tokens), "bytes": d.n_bytes,
+                "bytes_per_token": round(d.n_bytes / max(d.n_targets, 1), 3)} for n, d in doms.items()}
+    if args.json:
+        print_json({"tokenizer": tok.sha256, "domains": rows})
+        return 0
+    print(f"{'domain':<22} {'docs':>7} {'tokens':>10} {'bytes':>11} {'bytes/tok':>9}")
+    for n, r in rows.items():
+        print(f"{n:<22} {r['documents']:>7,} {r['tokens']:>10,} {r['bytes']:>11,} {r['bytes_per_token']:>9.2f}")
+    return 0

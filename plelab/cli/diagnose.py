@@ -1,0 +1,138 @@
+"""`plelab diagnose`: is a run's PLE alive, weak or dead? Ablation, injection, gates and table health per layer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from plelab.cli.common import add_command, print_json
+
+
+def add_parser(sub) -> None:
+    """Register `plelab diagnose`."""
+    p = add_command(
+        sub, "diagnose",
+        "Diagnose a run's PLE: per-layer injection ratio, gates, table health against random baselines, "
+        "ablation losses, and an alive / weak / dead verdict with the rule behind it.",
+        "plelab diagnose runs/small-ple --data data/prepared --json\n"
+        "  plelab diagnose runs/small-ple/checkpoints/step_00002000 --data ../shared/data/valid",
+        run,
+    )
+    p.add_argument("checkpoint", help="run directory (newest checkpoint) or checkpoint directory")
+    p.add_argument("--data", help="prepared dataset folder, folder of domain .txt files, or a .npy token array; "
+                   "without it only injection/gate statistics on random tokens (no ablation)")
+    p.add_argument("--batches", type=int, default=8, help="evaluation batches for ablation (default 8)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
+    p.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (default: min(256, model context))")
+    p.add_argument("--top-k", type=int, default=None, help="table rows (most frequent tokens) for table health")
+    p.add_argument("--seed", type=int, default=0, help="seed of the batch windows")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _run_dir_of(ckpt: Path) -> Path | None:
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+
+
+def _monitor_summaries(run_dir: Path | None) -> dict:
+    out = {}
+    for name in ("early", "final"):
+        f = run_dir / "diagnostics" / f"{name}.json" if run_dir else None
+        if f is not None and f.is_file():
+            data = json.loads(f.read_text())
+            out[name] = data.get("summary") or {"verdict": data.get("verdict")}
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the checkpoint, gather data, diagnose, print."""
+    import torch
+
+    from plelab.diagnostics.batches import batches_from_tokens
+    from plelab.diagnostics.data_sources import load_diagnostic_data
+    from plelab.diagnostics.diagnose import diagnose_model
+    from plelab.diagnostics.monitor import load_init_table
+    from plelab.diagnostics.table_health import DEFAULT_TOP_K
+    from plelab.training.checkpoint import load_model
+
+    model, _ = load_model(args.checkpoint, device=torch.device(args.device))
+    ckpt = Path(model.checkpoint_dir)
+    run_dir = _run_dir_of(ckpt)
+    init, init_note = load_init_table(run_dir) if run_dir else (None, "checkpoint outside a run directory")
+    seq_len = args.seq_len or min(256, model.config.max_seq_len)
+    kwargs: dict = {"init_table": init, "init_note": init_note, "top_k": args.top_k or DEFAULT_TOP_K}
+    data_desc = None
+    if args.data:
+        data = load_diagnostic_data(args.data, ckpt, model.config.vocab_size)
+        kwargs.update(batches=batches_from_tokens(data.eval_tokens, args.batch_size, seq_len, args.batches, args.seed),
+                      token_ids=data.freq_tokens, freq_source=data.freq_source, with_grads=True)
+        data_desc = data.eval_source
+    report = diagnose_model(model, **kwargs)
+    report = {"checkpoint": str(ckpt), "run_dir": str(run_dir) if run_dir else None, **report}
+    report.setdefault("data", {})["source"] = data_desc
+    report["monitor"] = _monitor_summaries(run_dir)
+    if args.json:
+        print_json(report)
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _health(rec: dict, view: str) -> str:
+    h = rec.get("table", {}).get(view)
+    if not h or "metrics" not in h:
+        return "-"
+    m, b = h["metrics"], h["random_empirical"]
+    return (f"{m['effective_rank']:.1f}/{b['effective_rank']:.1f} "
+            f"{m['pc1_explained_variance']:.3f}/{b['pc1_explained_variance']:.3f} {m['mean_cosine']:+.3f}")
+
+
+def format_report(r: dict) -> str:
+    """The human-readable table of a diagnosis."""
+    m = r["model"]
+    lines = [f"checkpoint {r['checkpoint']}: H={m['hidden_size']} L={m['num_layers']} dP={m['ple_dim']} "
+             f"PLE layers {m['ple_layers']}"]
+    o = r["overall"]
+    lines.append(f"verdict: {r['verdict'].upper()} ({o['basis']}: {o['reason']})")
+    if not r["layers"]:
+        return "\n".join(lines + [f"note: {n}" for n in r["notes"]])
+    data = r.get("data", {})
+    if data.get("batches"):
+        lines.append(f"data: {data['batches']} batches, {data['tokens']:,} tokens from {data.get('source')}")
+        lines.append(f"loss with PLE {o['loss_full']:.4f}; all PLE off: delta {o['ablation_delta_loss']:+.4f} "
+                     f"(zero {o['ablation_delta_loss_zero']:+.4f}, shuffle {o['ablation_delta_loss_shuffle']:+.4f}, "
+                     f"table {o['ablation_delta_loss_table']:+.4f}), noise {o['noise']:.4f}")
+    header = (f"{'layer':>5} {'verdict':<7} {'inj.ratio':>9} {'|gate|':>7} {'gate~0':>7} {'dL zero':>8} "
+              f"{'dL shuf':>8} {'dL table':>8} {'dL':>8} {'noise':>7}  {'frequent: erank/rand PC1/rand cos':<34} "
+              f"{'delta: erank/rand PC1/rand cos'}")
+    lines += ["", header]
+    for x in r["layers"]:
+        lines.append(
+            f"{x['layer']:>5} {x['verdict']:<7} {_num(x['injection_ratio'], '9.4f')} {_num(x['gate_mean_abs'], '7.4f')}"
+            f" {_num(x['gate_near_zero_frac'], '7.1%')} {_num(x['ablation_delta_loss_zero'], '+8.4f')}"
+            f" {_num(x['ablation_delta_loss_shuffle'], '+8.4f')} {_num(x['ablation_delta_loss_table'], '+8.4f')}"
+            f" {_num(x['ablation_delta_loss'], '+8.4f')} {_num(x['noise'], '7.4f')}  {_health(x, 'frequent'):<34}"
+            f" {_health(x, 'delta')}"
+        )
+        if x["conflicts"]:
+            lines.append(f"{'':>5} note: {'; '.join(x['conflicts'])}")
+    lines.append("")
+    if r.get("grad_ratios"):
+        lines.append("gradient norm / trunk gradient norm (one backward pass): "
+                     + "; ".join(f"layer {x['layer']} gate {_num(x['grad_ratio_gate'], '.3g')} proj "
+                                 f"{_num(x['grad_ratio_proj'], '.3g')} table {_num(x['grad_ratio_table'], '.3g')}"
+                                 for x in r["layers"]))
+    for name, view in r["table_health"]["views"].items():
+        lines.append(f"table view '{name}': {view['rows'] if view['available'] else 'unavailable: ' + view['reason']}")
+    for name, s in r.get("monitor", {}).items():
+        lines.append(f"monitor {name} verdict (step {s.get('step')}): {s.get('verdict')}")
+    lines += ["", "rules:"] + [f"  - {rule}" for rule in r["rules"]]
+    defs = {**r["definitions"], **r["table_health"]["definitions"]}
+    lines += ["definitions:"] + [f"  {k}: {v}" for k, v in defs.items()]
+    lines += [f"note: {n}" for n in r["notes"]]
+    return "\n".join(lines)

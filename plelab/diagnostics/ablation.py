@@ -1,0 +1,146 @@
+"""Ablation: evaluation loss with PLE injections switched off, per layer and all at once.
+
+delta = loss_ablated - loss_full, so positive means PLE helps. Three ways to switch a layer off, all
+through forward hooks (no model code touched):
+  zero     the injection y that `layers[i].ple` adds to the residual is replaced by zeros;
+  shuffle  y is permuted across the batch's token positions: it keeps its distribution but loses what is
+           specific to each token;
+  table    the layer's table rows are permuted across positions (hook on the table lookup): the token
+           identity is gone while the gate, the context path and the rest of the injection still run.
+Each catches a failure the others miss: a trunk adapted to a noise injection (PLE fed ids unrelated to
+the tokens) loses under 'zero'; an input-dependent gate times a learned mean row acts as an extra MLP on h
+and loses under 'shuffle'; only 'table' asks whether the table itself - most of PLE's parameters -
+carries anything. The primary delta is the smallest over the modes run: PLE counts as alive only if
+every way of removing it costs loss. The noise of each delta is the standard error of the paired
+per-batch deltas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from plelab.diagnostics.model_parts import as_batches, lm_loss, model_device, ple_layers, unwrap
+
+ABLATION_MODES = ("zero", "shuffle", "table")
+"""How a layer's PLE is switched off; the primary delta is the smallest over the modes run."""
+
+
+def _permutation(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.randperm(n, generator=generator).to(device)
+
+
+def _injection_hook(mode: str, generator: torch.Generator):
+    def hook(module, args, output):
+        if mode == "zero":
+            return torch.zeros_like(output)
+        flat = output.reshape(-1, output.shape[-1])
+        return flat[_permutation(flat.shape[0], generator, flat.device)].view_as(output)
+
+    return hook
+
+
+def _table_hook(slots: list[int], num_slots: int, generator: torch.Generator):
+    def hook(module, args, output):
+        rows = output.reshape(-1, num_slots, output.shape[-1] // num_slots).clone()
+        perm = _permutation(rows.shape[0], generator, rows.device)
+        rows[:, slots] = rows[perm][:, slots]
+        return rows.view_as(output)
+
+    return hook
+
+
+@contextmanager
+def ple_ablated(model: nn.Module, layers: Iterable[int], mode: str = "zero", seed: int = 0) -> Iterator[None]:
+    """Within the block, the PLE of `layers` is switched off in one of ABLATION_MODES (see module docstring)."""
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"ablation mode must be one of {ABLATION_MODES}, got {mode!r}")
+    bare = unwrap(model)
+    generator = torch.Generator().manual_seed(seed)
+    if mode == "table":
+        inputs = bare.per_layer_inputs
+        hook = _table_hook([bare.ple_slot[i] for i in layers], inputs.num_layers, generator)
+        handles = [inputs.embed_tokens_per_layer.register_forward_hook(hook)]
+    else:
+        handles = [bare.layers[i].ple.register_forward_hook(_injection_hook(mode, generator)) for i in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def batch_losses(model: nn.Module, batches: list) -> list[tuple[float, int]]:
+    """(mean loss, target token count) of each (x, y) batch, in eval mode."""
+    bare = unwrap(model)
+    was_training = bare.training
+    bare.eval()
+    try:
+        out = []
+        for x, y in batches:
+            loss, n = lm_loss(bare, x, y)
+            out.append((loss.item(), n))
+        return out
+    finally:
+        bare.train(was_training)
+
+
+def _pooled(losses: list[tuple[float, int]]) -> float:
+    return sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
+
+
+def _compare(full: list[tuple[float, int]], ablated: list[tuple[float, int]]) -> dict[str, float]:
+    diffs = [a - f for (a, _), (f, _) in zip(ablated, full, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+    loss = _pooled(ablated)
+    return {"loss": loss, "delta": loss - _pooled(full), "se": se}
+
+
+def _measure(model: nn.Module, batches: list, full: list, layers: list[int], modes: Iterable[str], seed: int) -> dict:
+    out: dict = {}
+    for mode in modes:
+        with ple_ablated(model, layers, mode, seed):
+            out[mode] = _compare(full, batch_losses(model, batches))
+    primary = min(out, key=lambda m: out[m]["delta"])
+    out["delta"] = out[primary]["delta"]
+    out["se"] = out[primary]["se"]
+    out["primary_mode"] = primary
+    return out
+
+
+def ablation_study(
+    model: nn.Module, batches: Iterable, layers: list[int] | None = None,
+    modes: Iterable[str] = ABLATION_MODES, seed: int = 0,
+) -> dict:
+    """Loss with all PLE on, then with each layer's PLE (and all of it) switched off, on (x, y) batches.
+
+    Returns {'loss_full', 'n_batches', 'n_tokens', 'modes', 'layers': {i: per-mode {'loss', 'delta', 'se'} plus
+    the primary 'delta', 'se', 'primary_mode'}, 'all': the same for every layer off at once}; {} without PLE.
+    """
+    bare = unwrap(model)
+    layers = ple_layers(bare) if layers is None else list(layers)
+    if not layers:
+        return {}
+    data = as_batches(batches, model_device(bare))
+    if any(y is None for _, y in data):
+        raise ValueError("ablation needs (x, y) batches with targets")
+    data = [(x, y) for x, y in data if bool((y >= 0).any())]  # all-padding batches carry no loss
+    if not data:
+        raise ValueError("ablation needs at least one batch with a target >= 0")
+    modes = tuple(modes)
+    full = batch_losses(bare, data)
+    return {
+        "loss_full": _pooled(full),
+        "n_batches": len(data),
+        "n_tokens": sum(n for _, n in full),
+        "modes": list(modes),
+        "layers": {i: _measure(bare, data, full, [i], modes, seed) for i in layers},
+        "all": _measure(bare, data, full, layers, modes, seed),
+    }
