@@ -1,0 +1,89 @@
+"""Fused output-head + cross-entropy, computed in row chunks (a CPU speed path for training).
+
+The plain path materialises (N, V) logits, then log_softmax writes another (N, V), its backward a
+third, and the head's three GEMMs stream those through memory. Here each chunk of rows goes
+head GEMM -> log_softmax -> softmax - onehot -> the two gradient GEMMs while its (chunk, V) block is
+still in cache, and the gradients are produced during the forward pass (the Liger-kernel /
+cut-cross-entropy idea), so backward only scales them. Same math as
+`F.cross_entropy(h @ W.T, targets, ignore_index=...)` with mean reduction; no logits are returned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _chunk_rows(vocab: int, rows: int) -> int:
+    # About 4 MB of fp32 logits per chunk: fits in L2/L3 on the CPUs this runs on, and keeps each
+    # GEMM tall enough (>= 128 rows) to run at full speed.
+    return max(128, min(rows, (1 << 20) // max(vocab, 1)))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, chunk: int):
+        n_valid = (targets != ignore_index).sum()
+        denom = n_valid.clamp(min=1).to(torch.float32)
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        for start in range(0, h.shape[0], chunk):
+            hc, tc = h[start : start + chunk], targets[start : start + chunk]
+            valid = tc != ignore_index
+            safe_t = torch.where(valid, tc, torch.zeros_like(tc)).unsqueeze(1)
+            logp = torch.log_softmax(torch.mm(hc, weight.t()).float(), dim=-1)
+            loss_sum -= (logp.gather(1, safe_t).squeeze(1) * valid).sum()
+            if grad_h is None and grad_w is None:
+                continue
+            # d(loss_sum)/d(logits) = softmax - onehot on valid rows, 0 on ignored ones (in place).
+            g = logp.exp_()
+            g.scatter_add_(1, safe_t, -valid.to(g.dtype).unsqueeze(1))
+            if not bool(valid.all()):
+                g.mul_(valid.unsqueeze(1))
+            g = g.to(h.dtype)
+            if grad_h is not None:
+                torch.mm(g, weight, out=grad_h[start : start + chunk])
+            if grad_w is not None:
+                if g.dtype == torch.float32:
+                    grad_w.addmm_(g.t(), hc)
+                else:  # low-precision GEMM, fp32 accumulation across chunks
+                    grad_w.add_(torch.mm(g.t(), hc))
+        # The 1/N of the mean is applied once to the (small) gradients, not to every logit.
+        inv = 1.0 / denom
+        if grad_h is not None:
+            grad_h.mul_(inv.to(grad_h.dtype))
+        if grad_w is not None:
+            grad_w = grad_w.mul_(inv).to(weight.dtype)
+        ctx.save_for_backward(grad_h, grad_w)
+        return loss_sum / denom
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None
+        gw = grad_w * grad_out.to(grad_w.dtype) if grad_w is not None else None
+        return gh, gw, None, None, None
+
+
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, chunk: int | None = None
+) -> torch.Tensor:
+    """Mean cross-entropy of `h @ weight.T` against `targets`, in row chunks, without storing logits.
+
+    h: (N, H) or (..., H); weight: (V, H); targets: matching (N,) or (...), `ignore_index` entries skipped.
+    All targets ignored gives 0 (not NaN). Under autocast the head GEMMs run in the autocast dtype, as
+    F.linear would; the softmax is always fp32.
+    """
+    h2 = h.reshape(-1, h.shape[-1])
+    t = targets.reshape(-1)
+    if t.shape[0] != h2.shape[0]:
+        raise ValueError(f"targets have {t.shape[0]} entries for {h2.shape[0]} rows of hidden states")
+    rows = chunk if chunk is not None else _chunk_rows(weight.shape[0], h2.shape[0])
+    dev = h2.device.type
+    if torch.is_autocast_enabled(dev):
+        # A custom Function sees autocast too, and `out=` GEMMs cannot follow it: cast once, outside.
+        dt = torch.get_autocast_dtype(dev)
+        with torch.autocast(dev, enabled=False):
+            return _LinearCrossEntropy.apply(h2.to(dt), weight.to(dt), t, ignore_index, rows)
+    return _LinearCrossEntropy.apply(h2, weight, t, ignore_index, rows)
