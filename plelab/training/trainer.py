@@ -245,7 +245,7 @@ class Trainer:
         for _ in range(cfg.grad_accum):
             x, y = self.data.next_batch()
             with autocast_context(self.device, cfg.dtype):
-                _, loss = self.model(x, y)
+                _, loss = self.model(x, y, return_logits=False)
             (loss / cfg.grad_accum).backward()
             total += float(loss.detach()) / cfg.grad_accum
         metrics: dict[str, Any] = {"step": self.step + 1, "loss": total, "lr": lr}
