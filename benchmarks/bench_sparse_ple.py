@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from plelab.model import LanguageModel, load_model_config
+from plelab.model import LanguageModel
 from plelab.model.params import count_params
 from plelab.training.config import load_train_config
 from plelab.training.optim import Optimizer

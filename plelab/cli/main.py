@@ -8,19 +8,17 @@ import sys
 
 from plelab.errors import PlelabError
 
-# Subcommand name -> module in plelab.cli exposing `add_parser(subparsers)` and `run(args) -> int`.
-COMMANDS = {
-    "demo": "plelab.cli.demo",
-    "params": "plelab.cli.params",
-    "train": "plelab.cli.train",
-    "eval": "plelab.cli.evaluate",
-    "generate": "plelab.cli.generate",
-    "export": "plelab.cli.edge",
-    "plan": "plelab.cli.edge",
-    "run": "plelab.cli.edge",
-    "data": "plelab.cli.data",
-    "diagnose": "plelab.cli.diagnose",
-}
+# Modules in plelab.cli exposing `add_parser(subparsers)` (registering one or more subcommands), in --help order.
+COMMAND_MODULES = [
+    "plelab.cli.demo",
+    "plelab.cli.params",
+    "plelab.cli.data",
+    "plelab.cli.train",
+    "plelab.cli.evaluate",
+    "plelab.cli.generate",
+    "plelab.cli.diagnose",
+    "plelab.cli.edge",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: plelab params seed-3b --sweep-ple 0,64,128,256,512",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    for module in COMMAND_MODULES:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:  # an optional part not installed (e.g. tokenizers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from plelab.cli.common import add_command, add_set_flag, print_json
-from plelab.model.params import PLE_PARTS, count_params, sweep_ple, with_ple_dim
+from plelab.model.params import count_params, sweep_ple, with_ple_dim
 from plelab.model.presets import PRESETS, load_model_config
 from plelab.util.dataclass_config import ConfigError
 
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         base = rows[0]["base_total"]
         print(f"{args.model}: base (dP = 0) {base:,} parameters "
               f"(H={cfg.hidden_size}, L={cfg.num_layers}, V_ple={cfg.ple_vocab_size:,})")
-        print(f"{'dP':>5} {'PLE table':>15} {'model proj':>12} {'per-layer':>13} {'added':>15} {'% base':>8} {'table %':>8}")
+        print(f"{'dP':>5} {'PLE table':>15} {'model proj':>12} {'per-layer':>13} {'added':>15} "
+              f"{'% base':>8} {'table %':>8}")
         for r in rows:
             print(
                 f"{r['ple_dim']:>5} {r['ple_table']:>15,} {r['ple_model_projection']:>12,} {r['ple_per_layer']:>13,} "

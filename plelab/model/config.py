@@ -14,7 +14,8 @@ class FFNConfig:
     """The feed-forward block; all variants share one interface (see plelab/model/ffn.py)."""
 
     kind: Literal["swiglu", "mglu", "lowrank"] = "swiglu"
-    """swiglu: separate gate/up; mglu: one shared matrix split by learned 1-bit masks; lowrank: gate and up each factorised."""
+    """swiglu: separate gate/up; mglu: one shared matrix split by learned 1-bit masks;
+    lowrank: gate and up each factorised."""
     intermediate_size: int = 128
     """FFN width (the gate/up output size)."""
     mask_count: int = 1
@@ -46,7 +47,8 @@ class PLEConfig:
     context: bool = True
     """Gemma form: add a projection of the input embedding (H -> L*dP, RMSNorm over dP), fused x 1/sqrt(2)."""
     gate: Literal["input", "scalar", "vector"] = "input"
-    """input: GELU-tanh(Linear(h)) H -> dP (Gemma); scalar / vector: a learned gate (simple form; vector is per dP channel)."""
+    """input: GELU-tanh(Linear(h)) H -> dP (Gemma); scalar / vector: a learned gate (simple form;
+    vector is per dP channel)."""
     gate_init: float = 1.0
     """Initial value of a scalar/vector gate."""
     output_norm: bool = True

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from plelab.errors import PlelabError
 from plelab.model.config import ModelConfig
+from plelab.model.ffn import pack_mask, unpack_mask
 from plelab.model.transformer import LanguageModel
 from plelab.util.dataclass_config import ConfigError, from_dict, to_dict
 
@@ -84,6 +85,8 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(dir=ckpt_dir.parent, prefix=f".{ckpt_dir.name}.tmp"))
     try:
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        if state is None:
+            weights = pack_mask_weights(weights)
         save_file(weights, str(tmp / "model.safetensors"))
         files = ["model.safetensors", "config.json"]
         tok_hash = None
@@ -110,6 +113,31 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ckpt_dir
+
+
+def pack_mask_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replace MGLU mask logits by their binarised masks at 1 bit per element (weights-only checkpoints)."""
+    out = {}
+    for k, v in weights.items():
+        if k.endswith("mask_logits"):
+            out[k.removesuffix("mask_logits") + "mask_bits"] = torch.from_numpy(pack_mask(v > 0))
+        else:
+            out[k] = v
+    return out
+
+
+def unpack_mask_weights(weights: dict[str, torch.Tensor], model: LanguageModel) -> dict[str, torch.Tensor]:
+    """Inverse of `pack_mask_weights`: packed masks become logits of +1 / -1 (same binarised mask)."""
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    out = {}
+    for k, v in weights.items():
+        if k.endswith("mask_bits"):
+            name = k.removesuffix("mask_bits") + "mask_logits"
+            mask = unpack_mask(v.cpu().numpy(), tuple(shapes[name]))
+            out[name] = (mask.float() * 2 - 1).to(v.device)
+        else:
+            out[k] = v
+    return out
 
 
 def verify_checkpoint(ckpt_dir: Path) -> dict[str, Any]:
@@ -168,7 +196,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", verify: boo
         raise CheckpointError(f"{ckpt}/config.json has an invalid model config: {exc}") from exc
     with torch.device("meta"):
         model = LanguageModel(cfg)
-    weights = load_file(str(ckpt / "model.safetensors"), device=str(device))
+    weights = unpack_mask_weights(load_file(str(ckpt / "model.safetensors"), device=str(device)), model)
     missing = set(model.state_dict()) - set(weights)
     if missing:
         raise CheckpointError(f"{ckpt}: weights missing for {sorted(missing)[:5]}")

@@ -148,7 +148,7 @@ class Trainer:
         self.step = state["step"]
         self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
         self.tokens_seen = state["tokens_seen"]
-        for cb, cb_state in zip(self.callbacks, state.get("callbacks", [])):
+        for cb, cb_state in zip(self.callbacks, state.get("callbacks", []), strict=False):
             cb.load_state_dict(cb_state)
         self._truncate_metrics(self.step)
         self.log_line(f"resumed from {ckpt} at step {self.step}")

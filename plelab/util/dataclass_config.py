@@ -27,7 +27,7 @@ class ConfigError(PlelabError, ValueError):
     """A config that cannot be built: unknown key, wrong type or failed validation."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """Return {field name: docstring} read from the attribute docstrings of a dataclass."""
     docs: dict[str, str] = {}
@@ -39,7 +39,7 @@ def field_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:]):
+        for node, nxt in zip(body, body[1:], strict=False):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_helpers import make_dataset, write_config
 
 from plelab.training.config import load_train_config
 from plelab.training.trainer import Trainer, TrainingStopped
-
-from training_helpers import make_dataset, write_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
