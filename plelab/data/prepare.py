@@ -41,6 +41,7 @@ from plelab.data.sources import (
     sample_texts,
 )
 from plelab.data.tokenizer import Tokenizer
+from plelab.util.fs import fsync_dir, pid_alive
 
 log = logging.getLogger("plelab.data")
 
@@ -65,14 +66,6 @@ def is_val_document(first_piece: str, seed: int, val_fraction: float) -> bool:
 
 
 # --- on-disk writing -------------------------------------------------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _ShardWriter:
@@ -125,16 +118,6 @@ class _ShardWriter:
         return self.shards
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextmanager
 def staging_dir(out: Path, overwrite: bool = False, marker: str = "manifest.json") -> Iterator[Path]:
     """Build a folder under a hidden temporary name and rename it to `out` only if the block finishes."""
@@ -151,14 +134,14 @@ def staging_dir(out: Path, overwrite: bool = False, marker: str = "manifest.json
     # Leftovers of runs that were killed (SIGKILL, power loss): hidden, never mistaken for a dataset; tidy them.
     for stale in out.parent.glob(f".{out.name}.partial-*"):
         pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.rename(out, old)
@@ -166,7 +149,7 @@ def staging_dir(out: Path, overwrite: bool = False, marker: str = "manifest.json
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from plelab.errors import PlelabError
+from plelab.util.fs import atomic_write_bytes
 
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -187,17 +186,7 @@ class Tokenizer:
         if p.is_dir():
             p = p / "tokenizer.json"
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-        try:
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a tokenizer is meant to be shared
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(self._json)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(p, self._json.encode("utf-8"))
         return p
 
     def to_hf(self):

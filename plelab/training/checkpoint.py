@@ -11,7 +11,6 @@ Layout of one checkpoint directory (`RUN_DIR/checkpoints/step_00000100/`):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,44 +26,13 @@ from plelab.model.config import ModelConfig
 from plelab.model.ffn import pack_mask, unpack_mask
 from plelab.model.transformer import LanguageModel
 from plelab.util.dataclass_config import ConfigError, from_dict, to_dict
+from plelab.util.fs import atomic_write_bytes, fsync_dir, sha256_file
+
+__all__ = ["atomic_write_bytes", "sha256_file"]  # re-exported: other modules import them from here
 
 
 class CheckpointError(PlelabError):
     """A checkpoint that is missing, incomplete or corrupt."""
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename inside it survives a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file via temp file + fsync + rename: readers see the old or the new file, never half."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def _fsync_file(path: Path) -> None:
