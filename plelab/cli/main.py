@@ -8,28 +8,34 @@ import sys
 
 from plelab.errors import PlelabError
 
-# Modules in plelab.cli exposing `add_parser(subparsers)` (registering one or more subcommands), in --help order.
-COMMAND_MODULES = [
-    "plelab.cli.demo",
-    "plelab.cli.params",
-    "plelab.cli.data",
-    "plelab.cli.train",
-    "plelab.cli.evaluate",
-    "plelab.cli.generate",
-    "plelab.cli.diagnose",
-    "plelab.cli.edge",
-]
+# Subcommand -> module in plelab.cli whose `add_parser(subparsers)` registers it (a module may register several).
+# Only the module of the command being run is imported, so e.g. `plelab run` (NumPy runtime) never loads torch.
+COMMANDS = {
+    "demo": "plelab.cli.demo",
+    "params": "plelab.cli.params",
+    "data": "plelab.cli.data",
+    "train": "plelab.cli.train",
+    "eval": "plelab.cli.evaluate",
+    "generate": "plelab.cli.generate",
+    "diagnose": "plelab.cli.diagnose",
+    "sweep": "plelab.cli.sweep",
+    "report": "plelab.cli.report",
+    "export": "plelab.cli.edge",
+    "plan": "plelab.cli.edge",
+    "run": "plelab.cli.edge",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available subcommand registered."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser: only `command`'s module registered when given, else every subcommand."""
     parser = argparse.ArgumentParser(
         prog="plelab",
         description="Build, count, train, diagnose and ship per-layer-embedding (PLE) language models.",
         epilog="Example: plelab params seed-3b --sweep-ple 0,64,128,256,512",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMAND_MODULES:
+    modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:  # an optional part not installed (e.g. tokenizers)
@@ -42,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors print one line on stderr and exit with status 2."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

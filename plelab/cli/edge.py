@@ -1,0 +1,288 @@
+"""`plelab export`, `plelab plan`, `plelab run`: ship a PLE model to a device, plan its memory, run it.
+
+The three commands live in one module (they share the .ple file and the device profiles); main.py lists
+each name, and `add_parser` registers whichever of them is not registered yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from plelab.cli.common import add_command, add_set_flag, print_json
+from plelab.errors import PlelabError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `export`, `plan` and `run` (each once, however often this is called)."""
+    for name, register in (("export", _add_export), ("plan", _add_plan), ("run", _add_run)):
+        if name not in sub.choices:
+            register(sub)
+
+
+def _add_export(sub) -> None:
+    p = add_command(
+        sub, "export", "Export a checkpoint (or a preset, with random weights) to a .ple file for the edge runtime.",
+        "plelab export runs/esp32 --quant int4 --group 128 --out esp32.ple\n"
+        "  plelab export esp32-28m --quant int4 --out esp32-random.ple      # size a model before training it",
+        run_export,
+    )
+    p.add_argument("source", help="checkpoint or run directory (trained weights), or a preset / config file (random)")
+    p.add_argument("--out", required=True, help="output .ple file (written atomically)")
+    _add_layout_flags(p)
+    p.add_argument("--no-scale-search", action="store_true", help="plain absmax scales (faster, slightly worse)")
+    p.add_argument("--no-tokenizer", action="store_true", help="do not embed the checkpoint's tokenizer.json")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights of a preset (default 0)")
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    add_set_flag(p)
+
+
+def _add_layout_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quant", default="int4", choices=["fp32", "fp16", "int8", "int4"],
+                   help="encoding of matrices and tables (default int4; vectors stay fp16/fp32)")
+    p.add_argument("--group", type=int, default=128, help="values per fp16 scale for int8/int4 (default 128)")
+    p.add_argument("--embed-in-record", action="store_true",
+                   help="store each token's embedding row inside its PLE record (one read per token; "
+                        "a tied head then stores the embedding twice)")
+    p.add_argument("--align", type=int, default=1, help="PLE record stride multiple in bytes (default 1: packed)")
+    p.add_argument("--page", type=int, default=0, help="flash page size: no PLE record straddles a page (default 0)")
+
+
+def _options(args: argparse.Namespace):
+    from plelab.edge.export import ExportOptions
+
+    return ExportOptions(args.quant, args.group, args.embed_in_record, args.align, args.page,
+                         not getattr(args, "no_scale_search", False))
+
+
+def _layout_summary(layout) -> dict:
+    ple = layout.table("ple")
+    return {
+        "file_bytes": layout.file_bytes,
+        "quant": layout.quant,
+        "sections": {s.name: {"offset": s.offset, "bytes": s.nbytes} for s in layout.sections},
+        "ple_record_bytes": ple.record_bytes if ple else 0,
+        "ple_record_stride": ple.stride if ple else 0,
+        "dense_bytes": sum(t.nbytes for t in layout.tensors),
+    }
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Export and print what was written."""
+    from plelab.edge.export import export_source
+
+    layout = export_source(args.source, args.out, _options(args), args.overrides, args.seed, not args.no_tokenizer)
+    info = {"out": args.out, **_layout_summary(layout)}
+    if args.json:
+        print_json(info)
+        return 0
+    print(f"wrote {args.out}: {layout.file_bytes:,} bytes ({layout.quant['dtype']}, group {layout.quant['group']})")
+    for name, s in info["sections"].items():
+        print(f"  {name:<10} {s['bytes']:>15,} bytes at {s['offset']:,}")
+    if info["ple_record_bytes"]:
+        print(f"  PLE record: {info['ple_record_bytes']} bytes per token, stride {info['ple_record_stride']}"
+              + (" (embedding row included)" if layout.quant["embed_in_record"] else ""))
+    return 0
+
+
+def _add_plan(sub) -> None:
+    p = add_command(
+        sub, "plan", "Place a model's tensors in a device's memory tiers; bytes, reads and time per token.",
+        "plelab plan esp32.ple --device esp32-s3\n"
+        "  plelab plan esp32-28m --quant int4 --device esp32-s3 --json   # a preset, sized without weights",
+        run_plan,
+    )
+    p.add_argument("model", help=".ple file, or a preset / config file / checkpoint (laid out as --quant etc. say)")
+    p.add_argument("--device", required=True, help="device profile name (esp32-s3, esp32-p4, phone-ufs4, desktop)")
+    p.add_argument("--devices", help="TOML file with your own device profiles (schema: plelab/edge/devices.toml)")
+    p.add_argument("--context", type=int, help="position at which KV traffic is counted (default: max_seq_len)")
+    p.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "int8"], help="KV cache type (default fp16)")
+    p.add_argument("--json", action="store_true", help="machine-readable plan")
+    _add_layout_flags(p)
+    add_set_flag(p)
+
+
+def _load_layout(args: argparse.Namespace):
+    """Layout of a .ple file (metadata only), or of a preset / config / checkpoint exported as the flags say."""
+    path = Path(args.model)
+    if path.is_file() and path.suffix == ".ple":
+        from plelab.edge.format import PleFile
+
+        with PleFile(path, verify="none") as f:
+            return f.layout
+    from plelab.edge.export import layout_for_config
+    from plelab.model.presets import load_model_config
+
+    if path.is_dir():
+        from plelab.model.config import ModelConfig
+        from plelab.training.checkpoint import read_checkpoint_config
+        from plelab.util.dataclass_config import from_dict
+
+        cfg = from_dict(ModelConfig, read_checkpoint_config(path)["model"])
+    else:
+        cfg = load_model_config(args.model, args.overrides)
+    return layout_for_config(cfg, _options(args))
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Print the plan; exit 2 with one line when the model does not fit."""
+    from plelab.edge.plan import PlanError, get_device, plan_with_trade
+
+    device = get_device(args.device, args.devices)
+    result = plan_with_trade(_load_layout(args), device, args.context, args.kv_dtype)
+    result["model"] = args.model
+    if args.json:
+        print_json(result)
+    else:
+        _print_plan(result)
+    if not result["fits"]:
+        worst = max(result["problems"], key=lambda p: p["missing_bytes"])
+        raise PlanError(f"{args.model} does not fit {args.device}: {worst['what']}; "
+                        f"missing {worst['missing_bytes']:,} bytes")
+    return 0
+
+
+def _print_plan(r: dict) -> None:
+    print(f"{r['model']} on {r['device']} ({r['description']})")
+    print(f"  file {r['file_bytes']:,} bytes; context {r['context']}, KV {r['kv_dtype']}")
+    for name, t in r["tiers"].items():
+        placed = [it for it in r["items"] if it["tier"] == name]
+        print(f"  {name:<6} {t['kind']:<8} used {t['used']:>13,} of {t['capacity']:>14,} bytes "
+              f"({100 * t['used'] / t['capacity']:.1f} %), {len(placed)} item(s)")
+        for it in _grouped(placed)[:8]:
+            print(f"           {it}")
+    print("  per token:" + "".join(f"  {k} {r['bytes_per_token'][k]:,.0f} B / {r['reads_per_token'][k]:g} reads"
+                                   for k in r["tiers"]))
+    if r["fits"]:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in r["est_ms_breakdown"].items())
+        print(f"  estimated {r['est_ms_per_token']:.2f} ms/token ({r['est_tokens_per_s']:.1f} tokens/s): {parts} ms")
+    for p in r["problems"]:
+        print(f"  DOES NOT FIT: {p['what']}: missing {p['missing_bytes']:,} bytes")
+    trade = r.get("embed_in_record_trade")
+    if trade:
+        a = trade["alternative"]
+        print(f"  trade: the embedding row {'inside' if a['embed_in_record'] else 'outside'} the PLE record would "
+              f"make the file {a['file_bytes_delta']:+,} bytes; per token {a['storage_tier']} "
+              f"{a['storage_bytes_per_token']:,.0f} B in {a['storage_reads_per_token']:g} reads; "
+              + ("fits" if a["fits"] else "does not fit")
+              + (f", {a['est_ms_per_token']:.2f} ms/token" if a["est_ms_per_token"] else ""))
+
+
+def _grouped(items: list[dict]) -> list[str]:
+    """Item lines with per-layer tensors folded into `layers.*.name x N`, largest first."""
+    import re
+
+    groups: dict[str, list[dict]] = {}
+    for it in items:
+        groups.setdefault(re.sub(r"^layers\.\d+\.", "layers.*.", it["name"]), []).append(it)
+    rows = sorted(groups.items(), key=lambda kv: -sum(i["bytes"] for i in kv[1]))
+    return [f"{k}{f' x{len(v)}' if len(v) > 1 else ''}: {sum(i['bytes'] for i in v):,} B ({v[0]['what']})"
+            for k, v in rows]
+
+
+def _add_run(sub) -> None:
+    p = add_command(
+        sub, "run", "Run a .ple model with the NumPy runtime: the PLE table stays in the file, rows read on demand.",
+        "plelab run esp32.ple --prompt 'Once upon a time' --max-new-tokens 40\n"
+        "  plelab run esp32.ple --prompt 'Hello' --device esp32-s3 --json   # traffic per esp32-s3 tier",
+        run_run,
+    )
+    p.add_argument("model", help=".ple file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (tokenized with the tokenizer stored in the file)")
+    src.add_argument("--ids", help="prompt as comma-separated token ids")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), else sampling temperature")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--tokenizer", help="tokenizer.json to use when the file has none")
+    p.add_argument("--device", help="count traffic per tier of this device's plan (default: host file / ram)")
+    p.add_argument("--devices", help="TOML file with your own device profiles")
+    p.add_argument("--verify", default="full", choices=["full", "core", "none"],
+                   help="checksums to verify on open: every byte (default), all but the row tables, or none")
+    p.add_argument("--json", action="store_true", help="machine-readable result")
+
+
+def _tokenizer(model, args: argparse.Namespace):
+    """The file's tokenizer, else --tokenizer, else the plain byte tokenizer when the vocabulary allows it."""
+    from plelab.data.tokenizer import Tokenizer
+
+    text = model.file.tokenizer_json()
+    if text is not None:
+        return Tokenizer.from_json(text)
+    if args.tokenizer:
+        return Tokenizer.load(args.tokenizer)
+    tok = Tokenizer.byte_level()
+    if tok.vocab_size > model.vocab:
+        raise PlelabError(f"{args.model} has no tokenizer and its vocabulary ({model.vocab}) is too small for "
+                          "bytes; pass --tokenizer FILE or --ids")
+    return tok
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise PlelabError(f"--ids wants comma-separated integers, got {text!r}") from exc
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """Generate, then report text, tokens/s and traffic per tier per token."""
+    from plelab.edge.runtime import EdgeModel
+
+    placement, kv_bytes = None, 4  # host: the runtime's own float32 KV cache
+    if args.device:
+        from plelab.edge.format import PleFile
+        from plelab.edge.plan import KV_BYTES, get_device, plan
+
+        with PleFile(args.model, verify="none") as f:
+            planned = plan(f.layout, get_device(args.device, args.devices))
+        if not planned["fits"]:
+            raise PlelabError(f"{args.model} does not fit {args.device} (see plelab plan); "
+                              "its traffic per tier would mean nothing")
+        placement, kv_bytes = planned["placement"], KV_BYTES[planned["kv_dtype"]]
+    model = EdgeModel(args.model, args.verify, placement, kv_bytes)
+    tok = None
+    if args.prompt is not None:
+        tok = _tokenizer(model, args)
+        ids = tok.encode(args.prompt)
+    else:
+        ids = _parse_ids(args.ids)
+    model.check_ids(ids)
+    out, shown = [], ""
+    for t in model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+                            tok.eot_id if tok else None):
+        out.append(t)
+        if tok and not args.json:
+            text = tok.decode(out)
+            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                sys.stdout.write(text[len(shown):])
+                sys.stdout.flush()
+                shown = text
+    tm = model.timing
+    result = {
+        "model": args.model,
+        "prompt_tokens": len(ids),
+        "generated_ids": out,
+        "text": tok.decode(out) if tok else None,
+        "prefill_tokens_per_s": len(ids) / tm["prefill_s"] if tm["prefill_s"] else None,
+        "tokens_per_s": tm["decoded"] / tm["decode_s"] if tm["decode_s"] else None,
+        "tokens_counted": model.traffic.tokens,
+        **model.traffic.per_token(),
+        "tiers": "device plan: " + args.device if args.device else "host: file = mmap'd rows, ram = float32 copies",
+        "resident_bytes": model.resident_bytes,
+    }
+    model.close()
+    if args.json:
+        print_json(result)
+        return 0
+    if tok is None:
+        print("ids:", ",".join(map(str, out)), flush=True)
+    else:
+        print(flush=True)
+    tps = f"{result['tokens_per_s']:.1f}" if result["tokens_per_s"] else "n/a"
+    print(f"-- {len(out)} tokens, {tps} tokens/s decode; per token: "
+          + ", ".join(f"{k} {v:,.0f} B in {result['reads_per_token'][k]:g} reads"
+                      for k, v in result["bytes_per_token"].items()), file=sys.stderr)
+    return 0

@@ -1,0 +1,237 @@
+"""Export a PyTorch PLE model (a checkpoint, or a preset with random weights) to a .ple file.
+
+What is stored how:
+    PLE table                    row table `ple`: one record per token id = all L*dP values + their scales
+                                 (plus the main-embedding row when `embed_in_record`)
+    main embedding               row table `embed`: one record per id (also the output head when tied);
+                                 absent when it is untied and already inside the `ple` records
+    matrices (2-D weights)       the chosen encoding, grouped over the flattened matrix
+    vectors (norms, gates)       fp32 for an fp32 export, else fp16 (tiny, and quantising them hurts)
+    MGLU mask logits             their binarised masks (logit > 0) at 1 bit each
+The layout depends only on the config and the options, so `layout_for_config` sizes a model (for the
+planner) without any weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from plelab import __version__
+from plelab.edge.format import Layout, Part, Table, TensorEntry, write_ple
+from plelab.edge.quant import DTYPES, Encoding, quantize
+from plelab.errors import PlelabError
+from plelab.model.config import ModelConfig
+from plelab.model.presets import PRESETS, load_model_config
+from plelab.model.transformer import LanguageModel
+from plelab.util.dataclass_config import to_dict
+
+PLE_TABLE = "per_layer_inputs.embed_tokens_per_layer.weight"
+EMBED = "embed_tokens.weight"
+_CHUNK_VALUES = 1 << 22  # values per streamed table chunk (16 MB of float32)
+
+
+class ExportError(PlelabError):
+    """A model or option combination that cannot be exported."""
+
+
+@dataclass
+class ExportOptions:
+    """How to encode and lay out the file."""
+
+    quant: str = "int4"
+    """Encoding of matrices and tables: fp32, fp16, int8 or int4."""
+    group: int = 128
+    """Values per fp16 scale for int8 / int4."""
+    embed_in_record: bool = False
+    """Put each token's main-embedding row inside its PLE record (one read per token; a tied head then
+    stores the embedding twice)."""
+    align: int = 1
+    """PLE record stride is a multiple of this many bytes (1 = packed)."""
+    page: int = 0
+    """Flash page size: no PLE record straddles a page boundary (0 = no constraint)."""
+    scale_search: bool = True
+    """Per-group search for the least-squared-error scale (int8 / int4)."""
+
+    def __post_init__(self) -> None:
+        if self.quant not in DTYPES or self.quant == "u1":
+            raise ExportError(f"--quant must be fp32, fp16, int8 or int4, got {self.quant!r}")
+        if self.group <= 0:
+            raise ExportError(f"--group must be > 0, got {self.group}")
+
+    @property
+    def matrix_enc(self) -> Encoding:
+        """Encoding of matrices and tables."""
+        return Encoding(self.quant, self.group if self.quant.startswith("int") else 0)
+
+    @property
+    def vector_enc(self) -> Encoding:
+        """Encoding of 1-D parameters."""
+        return Encoding("fp32" if self.quant == "fp32" else "fp16")
+
+
+def derived(cfg: ModelConfig) -> dict[str, Any]:
+    """Values the runtime needs that the config only implies (so the runtime needs no plelab.model)."""
+    return {"head_dim": cfg.head_size, "kv_heads": cfg.kv_heads, "ple_layers": cfg.ple_layers,
+            "ple_vocab_size": cfg.ple_vocab_size if cfg.ple.dim else 0}
+
+
+def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter, from a model built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = LanguageModel(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str, Any] | None = None,
+                      source: dict[str, Any] | None = None,
+                      shapes: dict[str, tuple[int, ...]] | None = None) -> Layout:
+    """The file layout (every offset and size) of `cfg` exported with `opts`, without weights.
+
+    `tokenizer` describes an embedded tokenizer section ({"encoding": "zlib", "bytes": n, "sha256": ...});
+    `shapes` (parameter name -> shape) saves building a meta model when a real one is at hand.
+    """
+    shapes = dict(shapes) if shapes is not None else parameter_shapes(cfg)
+    if cfg.ple_layers:  # from the config: a model from `random_model` holds a one-row stand-in table
+        shapes[PLE_TABLE] = (cfg.ple_vocab_size, len(cfg.ple_layers) * cfg.ple.dim)
+    H = cfg.hidden_size
+    embed_part = Part("embed", opts.matrix_enc, H)
+    tables = []
+    if PLE_TABLE in shapes:
+        if opts.embed_in_record and cfg.ple_vocab_size != cfg.vocab_size:
+            raise ExportError(f"--embed-in-record needs ple.vocab_size == vocab_size "
+                              f"({cfg.ple_vocab_size} != {cfg.vocab_size})")
+        rows, width = shapes[PLE_TABLE]
+        parts = [Part("ple", opts.matrix_enc, width)] + ([embed_part] if opts.embed_in_record else [])
+        tables.append(Table("ple", rows, parts, opts.align, opts.page))
+    elif opts.embed_in_record:
+        raise ExportError("--embed-in-record needs a model with PLE (ple.dim > 0)")
+    in_record = bool(tables) and opts.embed_in_record
+    if cfg.tie_embeddings or not in_record:
+        tables.append(Table("embed", cfg.vocab_size, [Part("embed", opts.matrix_enc, H)]))
+    tensors = []
+    for name, shape in shapes.items():
+        if name in (PLE_TABLE, EMBED):
+            continue
+        numel = math.prod(shape)
+        if name.endswith("mask_logits"):
+            enc = Encoding("u1")
+        else:
+            enc = opts.vector_enc if len(shape) == 1 else opts.matrix_enc
+        tensors.append(TensorEntry(name, shape, enc, numel))
+    quant = {"dtype": opts.quant, "group": opts.group, "scale_search": opts.scale_search,
+             "embed_in_record": in_record, "align": opts.align, "page": opts.page}
+    return Layout(to_dict(cfg), derived(cfg), quant, tensors, tables, tokenizer, source or {})
+
+
+def layout_for_model(model: LanguageModel, opts: ExportOptions, tokenizer: dict[str, Any] | None = None,
+                     source: dict[str, Any] | None = None) -> Layout:
+    """`layout_for_config` for a model at hand (its parameter shapes, no meta model needed)."""
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return layout_for_config(model.config, opts, tokenizer, source, shapes)
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).numpy()
+
+
+def export_model(
+    model: LanguageModel,
+    out: str | Path,
+    opts: ExportOptions,
+    tokenizer_json: str | None = None,
+    source: dict[str, Any] | None = None,
+    ple_rows: Callable[[int, int], np.ndarray] | None = None,
+) -> Layout:
+    """Write `model` to `out`; `ple_rows(start, stop)` may supply the PLE table instead of the model."""
+    tok_blob, tok = b"", None
+    if tokenizer_json:
+        tok_blob = zlib.compress(tokenizer_json.encode("utf-8"), 9)
+        tok = {"encoding": "zlib", "bytes": len(tok_blob),
+               "sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()}
+    layout = layout_for_model(model, opts, tok, {"plelab": __version__, **(source or {})})
+    sections = model_sections(model, layout, opts.scale_search, ple_rows)
+    if tok_blob:
+        sections["tokenizer"] = [tok_blob]
+    return write_ple(out, layout, sections)
+
+
+def model_sections(model: LanguageModel, layout: Layout, search: bool = True,
+                   ple_rows: Callable[[int, int], np.ndarray] | None = None) -> dict[str, Iterator]:
+    """Lazily encoded bytes of the `tensors` section and of every row table, for `write_ple`."""
+    params = dict(model.state_dict())
+    if ple_rows is None and PLE_TABLE in params:
+        table = params[PLE_TABLE]
+        ple_rows = lambda a, b: _as_numpy(table[a:b])  # noqa: E731
+    embed = params[EMBED]
+
+    def source_rows(part: str, a: int, b: int) -> np.ndarray:
+        return ple_rows(a, b) if part == "ple" else _as_numpy(embed[a:b])
+
+    def encode_tensor(t: TensorEntry) -> tuple[np.ndarray, np.ndarray]:
+        value = params[t.name]
+        flat = _as_numpy(value > 0 if t.enc.dtype == "u1" else value).reshape(t.vectors, t.vector)
+        return quantize(flat, t.enc, search=search)
+
+    sections: dict[str, Iterator] = {"tensors": layout.tensor_chunks(encode_tensor)}
+    for tab in layout.tables:
+        sections[tab.name] = tab.chunks(_records(tab, source_rows, search))
+    return sections
+
+
+def _records(tab: Table, rows: Callable[[str, int, int], np.ndarray], search: bool) -> Iterator[np.ndarray]:
+    """Assembled record batches of a table, encoded chunk by chunk (the table is never whole in memory)."""
+    step = max(1, _CHUNK_VALUES // sum(p.length for p in tab.parts))
+    for a in range(0, tab.rows, step):
+        b = min(tab.rows, a + step)
+        yield tab.assemble({p.name: quantize(rows(p.name, a, b), p.enc, search) for p in tab.parts})
+
+
+def random_model(cfg: ModelConfig, seed: int) -> tuple[LanguageModel, Callable[[int, int], np.ndarray] | None]:
+    """A randomly initialised model for export, plus a streaming row generator for its PLE table.
+
+    The model is built with a one-row PLE table (so a 1 GB table is never allocated) and then carries
+    the real `cfg`: it is for export only, its own forward pass would be wrong.
+    """
+    torch.manual_seed(seed)
+    small = dataclasses.replace(cfg, ple=dataclasses.replace(cfg.ple, vocab_size=1)) if cfg.ple_layers else cfg
+    model = LanguageModel(small)
+    model.config = cfg
+    if not cfg.ple_layers:
+        return model, None
+    std = cfg.ple.table_init_std if cfg.ple.table_init_std is not None else cfg.init_std
+
+    def rows(a: int, b: int) -> np.ndarray:
+        # Seeded by (seed, chunk start): reproducible for the exporter's fixed chunking, no table held.
+        rng = np.random.default_rng([seed, a])
+        return rng.standard_normal((b - a, len(cfg.ple_layers) * cfg.ple.dim), dtype=np.float32) * np.float32(std)
+
+    return model, rows
+
+
+def export_source(src: str, out: str | Path, opts: ExportOptions, overrides: list[str] | None = None,
+                  seed: int = 0, with_tokenizer: bool = True) -> Layout:
+    """Export a checkpoint/run dir (trained weights) or a preset/config file (random weights)."""
+    path = Path(src)
+    if path.is_dir():
+        from plelab.training.checkpoint import load_model, resolve_checkpoint
+
+        if overrides:
+            raise ExportError("--set only applies to presets and config files, not to a checkpoint")
+        model, _ = load_model(path)
+        tok = resolve_checkpoint(path) / "tokenizer.json"
+        text = tok.read_text(encoding="utf-8") if with_tokenizer and tok.is_file() else None
+        return export_model(model, out, opts, text, {"checkpoint": str(model.checkpoint_dir)})
+    cfg = load_model_config(src, overrides)
+    model, rows = random_model(cfg, seed)
+    kind = "preset" if src in PRESETS else "config"
+    return export_model(model, out, opts, None, {kind: src, "weights": f"random (seed {seed})"}, rows)
