@@ -1,29 +1,34 @@
 """One CPU training step (forward + backward + AdamW) of plelab's model against transformers' Llama.
 
-Prints one JSON object. Three measurements, all in this process, all with alternating A/B order and
-medians over repeats after warm-up (the machine is shared, so single timings are noise):
+Prints one JSON object. All measurements run in this process, with the contenders' order rotating every
+round and medians over repeats after warm-up (the machine is shared, so single timings are noise):
 
-1. ours (dP = 0) vs `LlamaForCausalLM` with identical dimensions, sdpa attention, tied embedding,
-   the same batch, and the same AdamW settings on both sides. Before timing, our weights are copied
-   into the Llama model and the losses compared, which proves the two compute the same function.
-2. the step-time cost of PLE at dP = H/2 against dP = 0 on the same core.
+1. ours (dP = 0) vs `LlamaForCausalLM` with identical dimensions, sdpa attention, tied embedding, the
+   same batch and the same AdamW settings (foreach, as plelab's trainer uses) on both sides. Before
+   timing, our weights are copied into the Llama model and logits and loss compared, which proves the
+   two compute the same function. "ours" is the training path, `model(ids, targets,
+   return_logits=False)` (head + cross-entropy fused in row chunks); "ours_returning_logits" is the
+   plain `model(ids, targets)` that also materialises the logits, timed in the same rotation.
+2. the step-time cost of PLE at dP = H/2 against dP = 0 on the same core (dense AdamW on the table).
 3. CPU MFU of ours: 6 * matmul params * tokens/s / a measured fp32 matmul peak (tables excluded),
    and the same with the attention term (see plelab/training/mfu.py).
 
-    python3 benchmarks/bench_train_step.py            # default size, about 2-3 minutes on 2 cores
-    python3 benchmarks/bench_train_step.py --quick    # tiny smoke run, seconds
+    python3 benchmarks/bench_train_step.py            # default size, about 1-2 minutes on 2 idle cores
+    python3 benchmarks/bench_train_step.py --quick    # tiny smoke run, seconds on an idle machine
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,7 +42,7 @@ from plelab.model.transformer import LanguageModel  # noqa: E402
 from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token  # noqa: E402
 
 # Identical on both sides; foreach/fused are chosen by torch's defaults for CPU tensors unless set here.
-ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=True)
 
 
 def model_config(args: argparse.Namespace, ple_dim: int = 0) -> ModelConfig:
@@ -83,7 +88,11 @@ def parity(ours: LanguageModel, llama: torch.nn.Module, ids: torch.Tensor, targe
 
 
 def step_fn(model: torch.nn.Module, kind: str, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], float]:
-    """A closure running one training step; returns the loss."""
+    """A closure running one training step (zero_grad, forward, backward, AdamW step); returns the loss.
+
+    kind: "llama" (HF's own loss from labels=ids), "ours" (the training path: return_logits=False, head and
+    cross-entropy fused in chunks) or "ours_logits" (forward also returns the full logits tensor).
+    """
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     model.train()
 
@@ -93,7 +102,7 @@ def step_fn(model: torch.nn.Module, kind: str, ids: torch.Tensor, targets: torch
             # The standard HF training call: labels = ids, the model shifts them itself.
             loss = model(input_ids=ids, labels=ids).loss
         else:
-            loss = model(ids, targets)[1]
+            loss = model(ids, targets, return_logits=kind == "ours_logits")[1]
         loss.backward()
         opt.step()
         return loss.item()
@@ -101,24 +110,44 @@ def step_fn(model: torch.nn.Module, kind: str, ids: torch.Tensor, targets: torch
     return step
 
 
-def alternate(a: Callable[[], float], b: Callable[[], float], warmup: int, repeats: int) -> tuple[list, list]:
-    """Time a and b `repeats` times each, alternating which goes first (ABBA...), after `warmup` each."""
+@dataclass
+class Timing:
+    """Per-step wall seconds and this process's CPU seconds (all threads; includes OpenMP spin-waits)."""
+
+    wall: list[float]
+    cpu: list[float]
+
+
+def rotate(fns: list[Callable[[], float]], warmup: int, repeats: int) -> list[Timing]:
+    """Time each fn `repeats` times, rotating which goes first every round, after `warmup` calls each.
+
+    The machine is shared: rotation spreads slow periods over all contenders, and medians drop outliers.
+    """
     for _ in range(warmup):
-        a()
-        b()
-    ta, tb = [], []
-    for r in range(repeats):
-        order = [(a, ta), (b, tb)] if r % 2 == 0 else [(b, tb), (a, ta)]
-        for fn, acc in order:
-            t0 = time.perf_counter()
+        for fn in fns:
             fn()
-            acc.append(time.perf_counter() - t0)
-    return ta, tb
+    times: list[list[float]] = [[] for _ in fns]
+    cpu: list[list[float]] = [[] for _ in fns]
+    n = len(fns)
+    for r in range(repeats):
+        order = list(range(n))[r % n :] + list(range(n))[: r % n]
+        if (r // n) % 2:
+            order.reverse()
+        for i in order:
+            t0, c0 = time.perf_counter(), time.process_time()
+            fns[i]()
+            times[i].append(time.perf_counter() - t0)
+            cpu[i].append(time.process_time() - c0)
+    return [Timing(t, c) for t, c in zip(times, cpu, strict=True)]
 
 
-def summary(times: list[float]) -> dict:
-    """Median, min, max in seconds."""
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "n": len(times)}
+
+def summary(t: Timing) -> dict:
+    """Median, min, max wall seconds, and the median CPU seconds."""
+    return {
+        "median_s": statistics.median(t.wall), "min_s": min(t.wall), "max_s": max(t.wall), "n": len(t.wall),
+        "cpu_median_s": statistics.median(t.cpu),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -150,31 +179,41 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     cfg = model_config(args)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq))
-    # Our targets are pre-shifted (-1 = ignored); Llama gets labels=ids and shifts internally: same pairs.
-    targets = torch.cat([ids[:, 1:], torch.full((args.batch, 1), -1)], dim=1)
+    # Our targets are pre-shifted (-100 = ignored); Llama gets labels=ids and shifts internally: same pairs.
+    targets = torch.cat([ids[:, 1:], torch.full((args.batch, 1), -100)], dim=1)
     tokens = args.batch * args.seq
 
     t_start = time.perf_counter()
-    peak = measure_matmul_peak(size=512 if args.quick else 1024, seconds=0.3 if args.quick else 1.5)
+    load_start = os.getloadavg()[0]  # other processes on the machine: context for the noise
+    # The peak is measured three times across the run and the best kept: other processes on the machine
+    # can only make a measurement slower, never faster.
+    peak_kw = dict(size=512, seconds=0.3) if args.quick else dict(size=1024, seconds=1.0)
+    peaks = [measure_matmul_peak(**peak_kw)]
 
     ours = LanguageModel(cfg)
     llama = llama_model(cfg)
     check = parity(ours, llama, ids, targets)
     # Fresh Llama weights for timing so the two models own separate tensors (tying is kept).
     llama = llama_model(cfg)
-    t_ours, t_llama = alternate(
-        step_fn(ours, "ours", ids, targets), step_fn(llama, "llama", ids, targets), args.warmup, args.repeats
+    ours_plain = LanguageModel(cfg)
+    t_llama, t_ours, t_plain = rotate(
+        [step_fn(llama, "llama", ids, targets), step_fn(ours, "ours", ids, targets),
+         step_fn(ours_plain, "ours_logits", ids, targets)],
+        args.warmup, args.repeats,
     )
 
+    peaks.append(measure_matmul_peak(**peak_kw))
     cfg_ple = with_ple_dim(cfg, ple_dim)
     ple_model = LanguageModel(cfg_ple)
     base_model = LanguageModel(cfg)
-    t_base, t_ple = alternate(
-        step_fn(base_model, "ours", ids, targets), step_fn(ple_model, "ours", ids, targets), args.warmup, args.repeats
+    t_base, t_ple = rotate(
+        [step_fn(base_model, "ours", ids, targets), step_fn(ple_model, "ours", ids, targets)], args.warmup, args.repeats
     )
 
-    med_ours, med_llama = statistics.median(t_ours), statistics.median(t_llama)
-    med_base, med_ple = statistics.median(t_base), statistics.median(t_ple)
+    peaks.append(measure_matmul_peak(**peak_kw))
+    peak = max(peaks)
+    med_ours, med_llama = statistics.median(t_ours.wall), statistics.median(t_llama.wall)
+    med_base, med_ple = statistics.median(t_base.wall), statistics.median(t_ple.wall)
     tok_s = tokens / med_ours
     tok_s_ple = tokens / med_ple
     result = {
@@ -187,25 +226,34 @@ def main(argv: list[str] | None = None) -> dict:
             "optimizer": {"name": "torch.optim.AdamW", **{k: list(v) if isinstance(v, tuple) else v
                                                           for k, v in ADAMW.items()}},
             "llama": "transformers.LlamaForCausalLM, attn_implementation=sdpa, labels=ids (HF's own loss)",
-            "warmup": args.warmup, "repeats": args.repeats, "order": "alternating AB / BA",
+            "warmup": args.warmup, "repeats": args.repeats, "order": "rotating (ABC, BCA, CAB, then reversed)",
         },
         "env": {
             "torch": torch.__version__, "transformers": __import__("transformers").__version__,
             "threads": torch.get_num_threads(), "python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "loadavg_1m_start": load_start, "loadavg_1m_end": os.getloadavg()[0],
         },
         "parity_same_weights": check,
         "ours_vs_llama": {
-            "ours": summary(t_ours), "llama": summary(t_llama),
+            "llama": summary(t_llama), "ours": summary(t_ours), "ours_returning_logits": summary(t_plain),
             "ratio_llama_over_ours": med_llama / med_ours,
+            "ratio_llama_over_ours_returning_logits": med_llama / statistics.median(t_plain.wall),
+            # CPU time is less sensitive to other processes than wall time (exactly so with --threads 1).
+            "ratio_cpu_time_llama_over_ours": statistics.median(t_llama.cpu) / statistics.median(t_ours.cpu),
             "target": 1.3, "meets_target": med_llama / med_ours >= 1.3,
+            "ours_path": "model(ids, targets, return_logits=False): head + cross-entropy fused in row chunks",
         },
         "ple_cost": {
             "ple_dim": ple_dim, "ple_params_added": count_params(cfg_ple)["ple_added"],
+            "optimizer_note": "dense AdamW over the PLE table too (the trainer's lazy sparse-table Adam is not used)",
             "dp0": summary(t_base), "ple": summary(t_ple),
             "ratio_ple_over_dp0": med_ple / med_base,
+            "ratio_cpu_time_ple_over_dp0": statistics.median(t_ple.cpu) / statistics.median(t_base.cpu),
         },
         "mfu": {
             "matmul_peak_flops": peak,
+            "matmul_peak_samples": peaks,
+            "matmul_peak_how": f"best of square fp32 GEMMs, size {peak_kw['size']}, at start / middle / end",
             "ours_tokens_per_s": tok_s,
             "flops_per_token_6n": 6 * matmul_params(cfg),
             "flops_per_token_with_attention": train_flops_per_token(cfg, args.seq),

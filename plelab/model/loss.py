@@ -1,10 +1,11 @@
 """Fused output-head + cross-entropy, computed in row chunks (a CPU speed path for training).
 
 The plain path materialises (N, V) logits, then log_softmax writes another (N, V), its backward a
-third, and the head's three GEMMs stream those through memory. Here each chunk of rows goes
-head GEMM -> log_softmax -> softmax - onehot -> the two gradient GEMMs while its (chunk, V) block is
-still in cache, and the gradients are produced during the forward pass (the Liger-kernel /
-cut-cross-entropy idea), so backward only scales them. Same math as
+third (plus a zero-filled one), and the head's three GEMMs stream those through memory. Here each
+chunk of rows goes head GEMM -> softmax (in place into p - onehot) -> the two gradient GEMMs while its
+(chunk, V) block is still in cache, and the gradients are produced during the forward pass (the
+Liger-kernel / cut-cross-entropy idea), so backward only scales them. The loss is -log p[target]
+(exact log_softmax for a chunk where a target probability nearly underflows). Same math as
 `F.cross_entropy(h @ W.T, targets, ignore_index=...)` with mean reduction; no logits are returned.
 """
 
@@ -12,40 +13,54 @@ from __future__ import annotations
 
 import torch
 
+# Below this a target probability's log loses precision (fp32 normal range ends near 1e-38).
+_TINY = 1e-30
+
 
 def _chunk_rows(vocab: int, rows: int) -> int:
-    # About 4 MB of fp32 logits per chunk: fits in L2/L3 on the CPUs this runs on, and keeps each
-    # GEMM tall enough (>= 128 rows) to run at full speed.
-    return max(128, min(rows, (1 << 20) // max(vocab, 1)))
+    # About 16 MB of fp32 logits per chunk (512 rows at V = 8192), never fewer than 256 rows: the
+    # weight-gradient GEMM accumulates a full (V, H) block per chunk, so thin chunks cost memory
+    # traffic, and the (rows, V) head GEMM runs slowest when its output block is very small or huge.
+    return min(rows, max(256, (1 << 22) // max(vocab, 1)))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, chunk: int):
         n_valid = (targets != ignore_index).sum()
-        denom = n_valid.clamp(min=1).to(torch.float32)
+        denom = n_valid.clamp(min=1).to(torch.promote_types(h.dtype, torch.float32))
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        # Softmax and accumulations in at least fp32 (fp64 stays fp64).
+        acc = torch.promote_types(h.dtype, torch.float32)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        loss_sum = torch.zeros((), dtype=acc, device=h.device)
         for start in range(0, h.shape[0], chunk):
             hc, tc = h[start : start + chunk], targets[start : start + chunk]
             valid = tc != ignore_index
             safe_t = torch.where(valid, tc, torch.zeros_like(tc)).unsqueeze(1)
-            logp = torch.log_softmax(torch.mm(hc, weight.t()).float(), dim=-1)
-            loss_sum -= (logp.gather(1, safe_t).squeeze(1) * valid).sum()
+            # softmax, then loss = -log p[target]: one fewer pass over (chunk, V) than log_softmax + exp.
+            p = torch.softmax(torch.mm(hc, weight.t()).to(acc), dim=-1)
+            p_t = p.gather(1, safe_t).squeeze(1)
+            if bool(((p_t < _TINY) & valid).any()):
+                # A target probability that (nearly) underflows: take the exact log-softmax for this chunk.
+                nll = -torch.log_softmax(torch.mm(hc, weight.t()).to(acc), dim=-1).gather(1, safe_t).squeeze(1)
+            else:
+                nll = -torch.log(p_t)
+            loss_sum += torch.where(valid, nll, torch.zeros_like(nll)).sum()
             if grad_h is None and grad_w is None:
                 continue
             # d(loss_sum)/d(logits) = softmax - onehot on valid rows, 0 on ignored ones (in place).
-            g = logp.exp_()
+            g = p
             g.scatter_add_(1, safe_t, -valid.to(g.dtype).unsqueeze(1))
-            if not bool(valid.all()):
-                g.mul_(valid.unsqueeze(1))
+            ignored = (~valid).nonzero().squeeze(1)
+            if ignored.numel():
+                g.index_fill_(0, ignored, 0.0)
             g = g.to(h.dtype)
             if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
             if grad_w is not None:
-                if g.dtype == torch.float32:
+                if g.dtype == acc:
                     grad_w.addmm_(g.t(), hc)
                 else:  # low-precision GEMM, fp32 accumulation across chunks
                     grad_w.add_(torch.mm(g.t(), hc))

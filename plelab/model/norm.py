@@ -3,8 +3,41 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm with a hand-written backward.
+
+    On CPU, F.rms_norm is a composite of ~6 elementwise ops whose autograd graph adds ~10 more passes
+    over the activations; this does 3 forward and ~7 backward passes and saves only x and 1/rms.
+    The forward is bit-identical to F.rms_norm in fp32; gradients agree to rounding.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf, wf = x.float(), weight.float()
+        rstd = torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * wf).to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xf, wf, g = x.float(), weight.float(), grad.float()
+        xhat = xf * rstd
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (g * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            gw = g * wf
+            # d/dx of x*rstd: rstd * (gw - xhat * mean(gw * xhat)).
+            dot = torch.mean(gw * xhat, dim=-1, keepdim=True)
+            grad_x = torch.addcmul(gw, xhat, dot, value=-1).mul_(rstd).to(x.dtype)
+        return grad_x, grad_w, None
 
 
 class RMSNorm(nn.Module):
@@ -17,4 +50,4 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Low-precision activations lose the small mean-square; fp32 keeps it (as HF Gemma does).
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).type_as(x)
+        return _RMSNormFn.apply(x, self.weight, self.eps)

@@ -67,4 +67,7 @@ def matmul_params(cfg: ModelConfig) -> int:
     """
     c = count_params(cfg)
     head = cfg.vocab_size * cfg.hidden_size
-    return c["attention"] + c["ffn"] + head + c["ple_model_projection"] + c["ple_per_layer"]
+    n_ple, dP, H = len(cfg.ple_layers), cfg.ple.dim, cfg.hidden_size
+    ple_norms = (dP if cfg.ple.context and n_ple else 0) + (n_ple * H if cfg.ple.output_norm else 0)
+    ple_gates = n_ple * (dP if cfg.ple.gate == "vector" else 1) if cfg.ple.gate != "input" else 0
+    return c["attention"] + c["ffn"] + head + c["ple_model_projection"] + c["ple_per_layer"] - ple_norms - ple_gates

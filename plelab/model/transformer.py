@@ -42,10 +42,42 @@ def rope_tables(head_dim: int, length: int, theta: float, device=None) -> tuple[
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, heads, T, D) by position; cos/sin are (T, D)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x * cos + rotated * sin).to(x.dtype)
+    """Rotate (..., T, D) by position: x * cos + rotate_half(x) * sin; cos/sin broadcast as (T, D) or (T, 1, D)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _RoPE.apply(x, cos, sin)
+    return _rope(x, cos, sin)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    # x*cos + cat(-x2, x1)*sin without materialising the rotated copy (sign=-1: the transpose).
+    # Products are rounded before the add (no addcmul/FMA) so results are bit-identical to the
+    # reference formula, and so to Hugging Face Llama.
+    half = x.shape[-1] // 2
+    out = x * cos  # in the promoted dtype (fp32 tables): cast once at the end, as the reference does
+    x1, x2 = x[..., :half], x[..., half:]
+    lo, hi = out[..., :half], out[..., half:]
+    if sign > 0:
+        lo.sub_(x2 * sin[..., :half])
+        hi.add_(x1 * sin[..., half:])
+    else:
+        lo.add_(x2 * sin[..., :half])
+        hi.sub_(x1 * sin[..., half:])
+    return out.to(x.dtype)
+
+
+class _RoPE(torch.autograd.Function):
+    """RoPE with its (linear, orthogonal) backward written out: the autograd graph of the chunk/neg/cat
+    form costs about twice the passes over q and k on CPU. The gradient is the inverse rotation."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rope(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        return _rope(grad, cos, sin, sign=-1.0), None, None
 
 
 @dataclass
@@ -90,12 +122,11 @@ class Attention(nn.Module):
         # runs faster than three thin ones on CPU, and backward gets one input-gradient GEMM instead
         # of three plus two adds. Parameters keep their separate (HF-compatible) names.
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        qkv = F.linear(x, w).view(B, T, nh + 2 * nkv, self.head_dim)
+        # split (not slicing): its backward is one cat, where each slice's backward zero-fills a full copy.
+        qk, v = F.linear(x, w).view(B, T, nh + 2 * nkv, self.head_dim).split([nh + nkv, nkv], dim=2)
         # RoPE on q and k together, in (B, T, heads, D) layout: half the elementwise launches.
-        qk = apply_rope(qkv[:, :, : nh + nkv], cos[:, None], sin[:, None])
-        q = qk[:, :, :nh].transpose(1, 2)
-        k = qk[:, :, nh:].transpose(1, 2)
-        v = qkv[:, :, nh + nkv :].transpose(1, 2)
+        q, k = apply_rope(qk, cos[:, None], sin[:, None]).split([nh, nkv], dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         mask, causal = None, True
         if cache is not None:
             start = cache.pos
@@ -107,12 +138,10 @@ class Attention(nn.Module):
                 # New queries see everything cached plus the causal part of themselves.
                 causal = False
                 mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start) if T > 1 else None
-        if nkv != nh:
-            # Expanded views are cheaper on CPU than SDPA's enable_gqa fallback.
-            rep = nh // nkv
-            k = k[:, :, None].expand(B, nkv, rep, *k.shape[2:]).reshape(B, nh, *k.shape[2:])
-            v = v[:, :, None].expand(B, nkv, rep, *v.shape[2:]).reshape(B, nh, *v.shape[2:])
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None and T > 1)
+        # The CPU flash kernel handles GQA itself: no expanded k/v copies, no sum over the copies in backward.
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal and mask is None and T > 1, enable_gqa=nkv != nh
+        )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

@@ -81,8 +81,8 @@ def test_a_non_finite_loss_skips_the_step_and_training_goes_on(setup):
     trainer = Trainer(cfg, setup / "run", quiet=True)
     real_forward = trainer.model.forward
 
-    def poisoned(x, y=None, cache=None):
-        logits, loss = real_forward(x, y, cache)
+    def poisoned(x, y=None, cache=None, **kw):
+        logits, loss = real_forward(x, y, cache, **kw)
         return logits, loss * float("nan") if trainer.step == 3 else loss
 
     trainer.model.forward = poisoned
@@ -97,10 +97,11 @@ def test_too_many_non_finite_losses_stop_with_the_last_checkpoint_intact(setup):
     cfg = load_train_config(write_config(setup, max_steps=20, ckpt_every=4, max_bad_steps=3))
     trainer = Trainer(cfg, setup / "run", quiet=True)
     real_forward = trainer.model.forward
-    trainer.model.forward = lambda x, y=None, cache=None: (
-        real_forward(x, y, cache)[0],
-        real_forward(x, y, cache)[1] * (float("inf") if trainer.step >= 5 else 1.0),
-    )
+    def poisoned(x, y=None, cache=None, **kw):
+        logits, loss = real_forward(x, y, cache, **kw)
+        return logits, loss * (float("inf") if trainer.step >= 5 else 1.0)
+
+    trainer.model.forward = poisoned
     with pytest.raises(TrainingStopped, match="non-finite losses in a row"):
         trainer.run()
     from plelab.training.checkpoint import load_model, resolve_checkpoint

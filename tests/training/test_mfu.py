@@ -1,0 +1,56 @@
+"""MFU helpers: the FLOPs formula on hand-computed configs, and a quick, sane peak measurement."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from plelab.model.presets import load_model_config
+from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token
+
+# H=256, 4 layers, 8 heads (head dim 32) / 4 kv heads, SwiGLU 688, V=8192, tied, T=256: the benchmark size.
+BENCH = dict(
+    vocab_size=8192, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, max_seq_len=256,
+    ffn=dict(intermediate_size=688),
+)
+
+
+def test_flops_per_token_by_hand() -> None:
+    cfg = load_model_config(BENCH)
+    # Per layer: q 256*256 + k,v 2*256*128 + o 256*256 = 196,608; FFN 3*256*688 = 528,384.
+    # Head 8192*256 = 2,097,152 (counted although tied). Embedding lookup and norms excluded.
+    matmul = 4 * (196_608 + 528_384) + 2_097_152
+    assert matmul == 4_997_120
+    attention = 12 * 4 * 256 * 256  # 12 * L * T * (heads * head_dim)
+    assert train_flops_per_token(cfg) == 6 * matmul + attention == 33_128_448
+    assert train_flops_per_token(cfg, seq_len=128) == 6 * matmul + attention // 2
+
+
+def test_flops_include_ple_projections_not_table() -> None:
+    base = load_model_config(BENCH)
+    ple = load_model_config(BENCH, ["ple.dim=128"])
+    # PLE adds the context projection (H x L*dP) and, per layer, gate (H x dP) + projection (dP x H);
+    # matmul_params also carries the PLE norms' few weights (dP + L*H), negligible. The 4M-row table is out.
+    added = 256 * 4 * 128 + 4 * (2 * 256 * 128)
+    norms = 128 + 4 * 256
+    assert 6 * added <= train_flops_per_token(ple) - train_flops_per_token(base) <= 6 * (added + norms)
+
+
+def test_mfu_is_a_fraction_of_peak() -> None:
+    cfg = load_model_config(BENCH)
+    per_token = train_flops_per_token(cfg)
+    assert mfu(1000.0, cfg, peak=per_token * 1000.0) == pytest.approx(1.0)
+    assert mfu(1000.0, cfg, peak=1e12, attention=False) == pytest.approx(1000.0 * 6 * 4_997_120 / 1e12)
+    with pytest.raises(ValueError):
+        mfu(1.0, cfg, peak=0.0)
+
+
+def test_measure_peak_is_quick_and_positive() -> None:
+    t0 = time.perf_counter()
+    peak = measure_matmul_peak(size=128, seconds=0.2)
+    assert time.perf_counter() - t0 < 2.0
+    assert math.isfinite(peak) and peak > 0
+    with pytest.raises(ValueError):
+        measure_matmul_peak(size=0)
