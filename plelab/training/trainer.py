@@ -306,6 +306,10 @@ class Trainer:
                 self.log_metrics(metrics)
                 last = metrics
                 if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    if self.peak_flops:
+                        # The peak measured at start-up may have been under load: keep the best seen so far,
+                        # so MFU converges to the true fraction instead of overshooting 100 %.
+                        self.peak_flops = max(self.peak_flops, measure_matmul_peak(size=512, seconds=0.05))
                     elapsed = time.perf_counter() - t_start
                     eta = elapsed / steps_timed * (cfg.max_steps - self.step)
                     mfu_txt = f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""

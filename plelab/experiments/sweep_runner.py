@@ -1,0 +1,343 @@
+"""Running a sweep: every grid point trained into its run folder, resumably, and recorded in the database.
+
+Resumability rests on three facts: a run folder resumes from its newest checkpoint (Trainer(resume=True)),
+a finished run writes RUN_DIR/result.json atomically before the database marks it done (so a kill between
+the two loses no training), and the database skips runs marked done. A killed sweep therefore continues
+where it stopped when started again; the run it was in resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+from plelab.errors import PlelabError
+from plelab.experiments.sweep import RESOLVED_FILE, Sweep, SweepPoint
+from plelab.experiments.sweep_store import SweepStore
+from plelab.training.callbacks import Callback
+from plelab.util.fs import atomic_write_bytes, pid_alive
+
+RESULT_FILE = "result.json"
+"""In a run folder: the run's result summary, written once it has finished training and evaluating."""
+LOG_FILE = "train.log"
+"""In a run folder: the trainer's progress lines (appended on every attempt)."""
+TAIL_FRACTION = 0.1
+"""The recorded training loss is the mean over this final fraction of the logged steps (less noisy than one step)."""
+
+
+class SweepLocked(PlelabError):
+    """Another process is running this sweep."""
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """Hold RUN_DIR/.lock, waiting for a previous holder (an orphaned run finishing its last step) to let go."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def sweep_lock(folder: Path):
+    """Hold SWEEP_DIR/.lock for the duration (released by the OS even if the holder is killed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            raise SweepLocked(f"another `plelab sweep` (pid {f.read().strip() or '?'}) is running {folder}") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(training step lines, evaluation lines) of RUN_DIR/metrics.jsonl; a later line for the same step wins."""
+    train: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return [], []
+    for line in path.read_text().splitlines():
+        try:
+            m = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        (evals if "eval" in m else train)[int(m.get("step", 0))] = m
+    return [train[k] for k in sorted(train)], [evals[k] for k in sorted(evals)]
+
+
+def _diagnostics(run_dir: Path) -> dict[str, Any]:
+    """Early/final verdicts and the per-layer numbers the report plots, from RUN_DIR/diagnostics/final.json."""
+    path = run_dir / "diagnostics" / "final.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    report = data.get("report") or {}
+    layers = []
+    for rec in report.get("layers", []):
+        table = {view: {k: v.get(k) for k in ("metrics", "random_empirical", "random_like")}
+                 for view, v in (rec.get("table") or {}).items() if isinstance(v, dict) and "metrics" in v}
+        layers.append({k: rec.get(k) for k in ("layer", "verdict", "injection_ratio", "gate_mean_abs",
+                                                "ablation_delta_loss", "ablation_se")} | {"table": table})
+    matches = data.get("early_matches_final") or {}
+    return {"final": data.get("summary") or {"verdict": data.get("verdict")}, "early": data.get("early"),
+            "early_matches_final": matches, "layers": layers, "overall": report.get("overall")}
+
+
+def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The run's summary: headline numbers, final evaluation per domain, parameter counts, diagnostics."""
+    from plelab.model.params import count_params
+
+    train, _ = read_metrics(run_dir)
+    losses = [m["loss"] for m in train if m.get("loss") is not None]
+    tail = losses[-max(1, round(TAIL_FRACTION * len(losses))):] if losses else []
+    params = count_params(point.config.model)
+    final_eval = final.get("final_eval") or {}
+    diag = _diagnostics(run_dir)
+    matches = diag.get("early_matches_final") or {}
+    return {
+        "name": point.name, "point": point.values,
+        "steps": train[-1]["step"] if train else None,
+        "tokens": train[-1].get("tokens") if train else None,
+        "train_seconds": sum(m.get("step_time", 0.0) for m in train), "wall_seconds_last_attempt": wall,
+        "params_total": params["total"], "params_base": params["base_total"], "params_added": params["ple_added"],
+        "train_loss": sum(tail) / len(tail) if tail else None,
+        "eval_loss": (final_eval.get("macro") or {}).get("loss"),
+        "eval_bpb": (final_eval.get("macro") or {}).get("bpb"),
+        "final_eval": final_eval,
+        "verdict_final": (diag.get("final") or {}).get("verdict"),
+        "verdict_early": (diag.get("early") or {}).get("verdict"),
+        "early_step": (diag.get("early") or {}).get("step"),
+        "early_matches": None if "verdict" not in matches else int(bool(matches["verdict"])),
+        "diagnostics": diag,
+    }
+
+
+class _Tee:
+    """Write to a log file and, optionally, to the console."""
+
+    def __init__(self, log: TextIO, console: TextIO | None):
+        self.log, self.console = log, console
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        if self.console is not None:
+            self.console.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+        if self.console is not None:
+            self.console.flush()
+
+
+class ParentWatch(Callback):
+    """In a subprocess run: if the sweep process dies, stop cleanly (checkpoint, then exit) instead of orphaning."""
+
+    def __init__(self) -> None:
+        self.parent = os.getppid()
+
+    def on_step_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        if os.getppid() != self.parent:
+            # The trainer's own SIGTERM handling saves a checkpoint at the end of this step and stops.
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def train_point(point: SweepPoint, run_dir: Path, quiet: bool = True, threads: int = 0,
+                extra_callbacks: list[Callback] | None = None) -> dict[str, Any]:
+    """Train (or resume) one grid point in this process and return its result summary."""
+    import torch
+
+    from plelab.cli.train import build_callbacks
+    from plelab.training.trainer import Trainer
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    try:
+        with open(run_dir / LOG_FILE, "a") as log, contextlib.redirect_stdout(_Tee(log, None if quiet else sys.stdout)):
+            callbacks = [*build_callbacks(point.config), *(extra_callbacks or [])]
+            # resume=True also starts fresh when the folder has no checkpoint yet.
+            final = Trainer(point.config, run_dir, callbacks=callbacks, resume=True).run()
+    finally:
+        torch.set_num_threads(old_threads)
+    return collect_result(point, run_dir, final, time.perf_counter() - t0)
+
+
+def execute_point(sweep: Sweep, point: SweepPoint, store: SweepStore, quiet: bool = True,
+                  extra_callbacks: list[Callback] | None = None) -> str:
+    """Run one point with database bookkeeping; returns its final status (done / failed)."""
+    run_dir = sweep.run_dir(point)
+    with run_lock(run_dir):
+        return _execute_locked(point, run_dir, store, quiet, sweep.options.threads, extra_callbacks)
+
+
+def _execute_locked(point: SweepPoint, run_dir: Path, store: SweepStore, quiet: bool, threads: int,
+                    extra_callbacks: list[Callback] | None) -> str:
+    store.mark_running(point.name, os.getpid())
+    try:
+        result_file = run_dir / RESULT_FILE
+        if result_file.is_file():  # trained and evaluated before a kill kept it from being recorded
+            result = json.loads(result_file.read_text())
+        else:
+            result = train_point(point, run_dir, quiet, threads, extra_callbacks)
+            atomic_write_bytes(result_file, json.dumps(result, indent=2).encode())
+        store.mark_done(point.name, result)
+        return "done"
+    except KeyboardInterrupt:
+        store.mark_pending(point.name)
+        raise
+    except Exception as exc:  # a failed run must not stop the rest of the sweep
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        store.mark_failed(point.name, f"{type(exc).__name__}: {exc}")
+        return "failed"
+
+
+def prepare(sweep: Sweep) -> tuple[SweepStore, list[str]]:
+    """Open the database, record the sweep and its points, write SWEEP_DIR/sweep.json; return warnings."""
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(sweep.folder / RESOLVED_FILE, json.dumps(sweep.resolved_dict(), indent=2).encode())
+    store = SweepStore(sweep.db_path)
+    store.set_meta(name=sweep.options.name, source=sweep.source, overrides=sweep.overrides, grid=sweep.grid)
+    return store, store.sync_points(sweep.points)
+
+
+def _subprocess_cmd(sweep: Sweep, point: SweepPoint) -> list[str]:
+    return [sys.executable, "-m", "plelab", "sweep", str(sweep.folder / RESOLVED_FILE), "--run", point.name]
+
+
+def _child_env(sweep: Sweep) -> dict[str, str]:
+    threads = sweep.options.threads or max(1, (os.cpu_count() or 1) // sweep.options.parallel)
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PLELAB_SWEEP_THREADS": str(threads)}
+
+
+def _run_subprocesses(sweep: Sweep, todo: list[SweepPoint], store: SweepStore, say) -> None:
+    """Up to `parallel` runs at a time, each `plelab sweep SWEEP_DIR/sweep.json --run NAME`."""
+    waiting, active = list(todo), {}
+    try:
+        while waiting or active:
+            while waiting and len(active) < sweep.options.parallel:
+                point = waiting.pop(0)
+                run_dir = sweep.run_dir(point)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                with open(run_dir / LOG_FILE, "a") as log:
+                    proc = subprocess.Popen(_subprocess_cmd(sweep, point), stdout=log, stderr=subprocess.STDOUT,
+                                            env=_child_env(sweep))
+                active[proc] = point
+                say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: started (pid {proc.pid})")
+            time.sleep(0.2)
+            for proc, point in list(active.items()):
+                if proc.poll() is None:
+                    continue
+                del active[proc]
+                status = store.status_of(point.name)
+                if status not in ("done", "failed"):  # died before it could record itself (crash, kill -9)
+                    store.mark_failed(point.name, f"subprocess exited with code {proc.returncode}; "
+                                                  f"see {sweep.run_dir(point) / LOG_FILE}")
+                    status = "failed"
+                say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: {status}")
+    except KeyboardInterrupt:
+        for proc in active:
+            proc.send_signal(signal.SIGINT)  # each saves a checkpoint and marks itself pending
+        for proc in active:
+            proc.wait()
+        raise
+
+
+def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (kill, a batch scheduler) stops the sweep like Ctrl-C: runs checkpoint and are marked pending."""
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def run_sweep(sweep: Sweep, quiet: bool = False, say=print) -> dict[str, int]:
+    """Run every unfinished point (failed ones are retried, resuming from their checkpoints); return counts."""
+    with sweep_lock(sweep.folder), _terminate_as_interrupt():
+        store, warnings = prepare(sweep)
+        with store:
+            for w in warnings:
+                say(f"warning: {w}")
+            todo = [p for p in sweep.points if store.status_of(p.name) != "done"]
+            say(f"sweep {sweep.options.name}: {len(sweep.points)} runs, {len(sweep.points) - len(todo)} done, "
+                f"{len(todo)} to run -> {sweep.folder}")
+            if sweep.options.parallel > 1 or sweep.options.subprocess:
+                _run_subprocesses(sweep, todo, store, say)
+            else:
+                for point in todo:
+                    say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: training")
+                    status = execute_point(sweep, point, store, quiet=quiet)
+                    say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: {status}")
+            counts: dict[str, int] = {}
+            for run in store.runs():
+                counts[run["status"]] = counts.get(run["status"], 0) + 1
+            return counts
+
+
+def run_one(sweep: Sweep, name: str) -> str:
+    """Subprocess entry: run the point `name` (the parent holds the sweep lock)."""
+    threads = int(os.environ.get("PLELAB_SWEEP_THREADS", "0") or 0)
+    if threads:
+        sweep.options.threads = threads
+    with SweepStore(sweep.db_path) as store:
+        # quiet: the parent already sends this process's stdout to RUN_DIR/train.log.
+        return execute_point(sweep, sweep.point(name), store, quiet=True, extra_callbacks=[ParentWatch()])
+
+
+def sweep_status(sweep: Sweep) -> dict[str, Any]:
+    """Every run's state (done / running / interrupted / pending / failed), progress and headline numbers."""
+    import socket
+
+    rows = {}
+    if sweep.db_path.is_file():
+        with SweepStore(sweep.db_path) as store:
+            rows = {r["name"]: r for r in store.runs(in_grid_only=False)}
+    runs, counts = [], {}
+    for point in sweep.points:
+        row = rows.pop(point.name, None) or {}
+        state = row.get("status", "pending")
+        here = row.get("host") == socket.gethostname()
+        if state == "running" and here and not (row.get("pid") and pid_alive(row["pid"])):
+            state = "interrupted"  # its process died (kill -9, power): the next `plelab sweep` resumes it
+        train, _ = read_metrics(sweep.run_dir(point)) if state != "done" else ([], [])
+        step = row.get("steps") if state == "done" else (train[-1]["step"] if train else 0)
+        runs.append({
+            "name": point.name, "status": state, "step": step, "max_steps": point.config.max_steps,
+            "attempts": row.get("attempts", 0), "ple_dim": point.config.model.ple.dim, "seed": point.config.seed,
+            "eval_loss": row.get("eval_loss"), "train_loss": row.get("train_loss"),
+            "verdict_early": row.get("verdict_early"), "verdict_final": row.get("verdict_final"),
+            "train_seconds": row.get("train_seconds"), "error": row.get("error"),
+        })
+        counts[state] = counts.get(state, 0) + 1
+    total_steps = sum(r["max_steps"] for r in runs)
+    done_steps = sum(min(r["step"] or 0, r["max_steps"]) for r in runs)
+    return {
+        "sweep": sweep.options.name, "folder": str(sweep.folder), "database": str(sweep.db_path),
+        "runs": runs, "counts": counts, "total": len(runs),
+        "progress": done_steps / total_steps if total_steps else 1.0,
+        "not_in_grid": sorted(rows),
+    }

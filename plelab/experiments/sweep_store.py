@@ -1,0 +1,186 @@
+"""The sweep database (SWEEP_DIR/sweep.sqlite): every run's config, status, metrics summary and final evaluation.
+
+Every change is one transaction (`with self.db:` commits or rolls back), and SQLite's journal makes a
+transaction all-or-nothing even when the process is killed in the middle, so the database is always
+consistent: a run is `done` together with its evaluation rows, or not at all.
+WAL mode lets `plelab sweep --status` and `plelab report` read while a sweep writes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("pending", "running", "done", "failed")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    name TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL,
+    in_grid INTEGER NOT NULL DEFAULT 1,
+    point TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    pid INTEGER, host TEXT, started REAL, finished REAL, error TEXT,
+    ple_dim INTEGER, seed INTEGER, max_steps INTEGER, steps INTEGER, tokens INTEGER, train_seconds REAL,
+    params_total INTEGER, params_base INTEGER, params_added INTEGER,
+    train_loss REAL, eval_loss REAL, eval_bpb REAL,
+    verdict_early TEXT, verdict_final TEXT, early_step INTEGER, early_matches INTEGER,
+    summary TEXT
+);
+CREATE TABLE IF NOT EXISTS evals (
+    run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
+    domain TEXT NOT NULL,
+    loss REAL, bpb REAL, tokens INTEGER,
+    PRIMARY KEY (run, domain)
+);
+"""
+
+# Columns of `runs` filled from a finished run's result summary (see sweep_runner.collect_result).
+RESULT_COLUMNS = (
+    "steps", "tokens", "train_seconds", "params_total", "params_base", "params_added", "train_loss", "eval_loss",
+    "eval_bpb", "verdict_early", "verdict_final", "early_step", "early_matches",
+)
+
+
+def _config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts."""
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(prefix + k)
+    return out
+
+
+class SweepStore:
+    """Read and write the sweep database; safe to open from several processes at once."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # timeout: wait for another process's write transaction instead of failing at once.
+        self.db = sqlite3.connect(self.path, timeout=60.0)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        with self.db:
+            self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.db.close()
+
+    def __enter__(self) -> SweepStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- writes
+    def set_meta(self, **values: Any) -> None:
+        """Store sweep-level facts (name, grid, source) as JSON values."""
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                [(k, json.dumps(v)) for k, v in values.items()])
+
+    def sync_points(self, points: Iterable[Any]) -> list[str]:
+        """Insert new grid points as pending, refresh unfinished ones; return warnings about changed finished runs.
+
+        A finished run keeps its recorded config: if the sweep file now asks for something else, the run is
+        not silently redone (delete its folder and row to redo it); the warning names the keys that differ.
+        """
+        warnings = []
+        with self.db:
+            names = []
+            for p in points:
+                names.append(p.name)
+                config = p.config_dict()
+                row = self.db.execute("SELECT status, config FROM runs WHERE name = ?", (p.name,)).fetchone()
+                fields = dict(idx=p.index, point=json.dumps(p.values), config=json.dumps(config),
+                              ple_dim=p.config.model.ple.dim, seed=p.config.seed, max_steps=p.config.max_steps)
+                if row is None:
+                    cols = ", ".join(fields)
+                    self.db.execute(f"INSERT INTO runs (name, {cols}) VALUES (?{', ?' * len(fields)})",
+                                    (p.name, *fields.values()))
+                elif row["status"] == "done":
+                    diff = _config_diff(json.loads(row["config"]), config)
+                    if diff:
+                        warnings.append(f"{p.name} finished with a different config ({', '.join(diff)}); kept as is")
+                    self.db.execute("UPDATE runs SET idx = ?, in_grid = 1 WHERE name = ?", (p.index, p.name))
+                else:
+                    sets = ", ".join(f"{k} = ?" for k in fields)
+                    self.db.execute(f"UPDATE runs SET {sets}, in_grid = 1 WHERE name = ?", (*fields.values(), p.name))
+            marks = ",".join("?" * len(names))
+            self.db.execute(f"UPDATE runs SET in_grid = 0 WHERE name NOT IN ({marks})", names)
+        return warnings
+
+    def mark_running(self, name: str, pid: int) -> None:
+        """A run starts (or resumes): count the attempt, remember who runs it."""
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET status = 'running', attempts = attempts + 1, pid = ?, host = ?, started = ?, "
+                "error = NULL WHERE name = ?", (pid, socket.gethostname(), time.time(), name))
+
+    def mark_done(self, name: str, result: dict[str, Any]) -> None:
+        """A run finished: its summary, headline numbers and per-domain evaluation, all in one transaction."""
+        domains = ((result.get("final_eval") or {}).get("domains") or {}).items()
+        values = [result.get(c) for c in RESULT_COLUMNS]
+        sets = ", ".join(f"{c} = ?" for c in RESULT_COLUMNS)
+        with self.db:
+            self.db.execute(
+                f"UPDATE runs SET status = 'done', finished = ?, error = NULL, summary = ?, {sets} WHERE name = ?",
+                (time.time(), json.dumps(result), *values, name))
+            self.db.execute("DELETE FROM evals WHERE run = ?", (name,))
+            self.db.executemany(
+                "INSERT INTO evals (run, domain, loss, bpb, tokens) VALUES (?, ?, ?, ?, ?)",
+                [(name, d, r.get("loss"), r.get("bpb"), r.get("tokens")) for d, r in sorted(domains)])
+
+    def mark_failed(self, name: str, error: str) -> None:
+        """A run raised: keep the error (its checkpoints stay; the next sweep invocation resumes it)."""
+        with self.db:
+            self.db.execute("UPDATE runs SET status = 'failed', finished = ?, error = ? WHERE name = ?",
+                            (time.time(), error, name))
+
+    def mark_pending(self, name: str) -> None:
+        """A run was interrupted on purpose (Ctrl-C): it will resume next time."""
+        with self.db:
+            self.db.execute("UPDATE runs SET status = 'pending', pid = NULL WHERE name = ?", (name,))
+
+    # ----------------------------------------------------------------- reads
+    def meta(self) -> dict[str, Any]:
+        """Sweep-level facts."""
+        return {r["key"]: json.loads(r["value"]) for r in self.db.execute("SELECT key, value FROM meta")}
+
+    def runs(self, in_grid_only: bool = True) -> list[dict[str, Any]]:
+        """Every run row as a dict (point, config and summary decoded), in grid order."""
+        sql = "SELECT * FROM runs" + (" WHERE in_grid = 1" if in_grid_only else "") + " ORDER BY in_grid DESC, idx"
+        out = []
+        for row in self.db.execute(sql):
+            d = dict(row)
+            for key in ("point", "config", "summary"):
+                d[key] = json.loads(d[key]) if d[key] else None
+            out.append(d)
+        return out
+
+    def status_of(self, name: str) -> str | None:
+        """Status of one run (None if unknown)."""
+        row = self.db.execute("SELECT status FROM runs WHERE name = ?", (name,)).fetchone()
+        return row["status"] if row else None
+
+    def evals(self) -> dict[str, dict[str, dict[str, float]]]:
+        """{run: {domain: {loss, bpb, tokens}}} of the final evaluations."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for r in self.db.execute("SELECT * FROM evals ORDER BY run, domain"):
+            out.setdefault(r["run"], {})[r["domain"]] = {"loss": r["loss"], "bpb": r["bpb"], "tokens": r["tokens"]}
+        return out

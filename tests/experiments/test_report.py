@@ -1,0 +1,46 @@
+"""`plelab report`: HTML that needs nothing but itself, markdown with its PNGs, the analysis as JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+from plelab.cli.main import main
+from plelab.experiments.analysis import analyze_sweep
+
+
+def test_report_files_are_written_and_the_html_is_self_contained(finished_sweep, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", str(finished_sweep), "--out", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    md = (out / "report.md").read_text()
+    # Self-contained: every src is a data: URI; no external links, stylesheets or scripts.
+    srcs = re.findall(r'src="([^"]*)"', html)
+    assert len(srcs) >= 5 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert base64.b64decode(srcs[0].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not re.search(r"<link|<script|href=\"http|url\(", html)
+    for heading in ("Loss vs dP", "Steps between consecutive dP values", "PLE verdicts", "Per-domain final loss"):
+        assert heading in html and heading in md
+    # The markdown links the same figures as files that exist.
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert {"plots/loss_vs_dim.png", "plots/loss_curves.png", "plots/injection_heatmap.png",
+            "plots/table_health.png"} <= set(links)
+    assert all((out / link).is_file() for link in links)
+    assert "dead zone" in md and "2 x noise" in md  # the rule is stated
+
+
+def test_report_json_is_the_analysis(finished_sweep, tmp_path, capsys):
+    assert main(["report", str(finished_sweep), "--out", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(json.dumps(analyze_sweep(finished_sweep)))
+    group = printed["groups"][0]
+    assert [r["ple_dim"] for r in group["table"]] == [0, 8] and group["table"][1]["n"] == 2
+    assert [(s["from"], s["to"]) for s in group["steps"]] == [(0, 8)]
+    assert group["verdicts"]["rows"][0]["compared"] == 2
+    assert len(group["domains"]["rows"]) == 2
+
+
+def test_report_on_a_folder_without_a_sweep_is_a_clear_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no sweep.sqlite" in capsys.readouterr().err
