@@ -91,7 +91,7 @@ def demo_config(run: Path, base: dict[str, Any], steps: int, valid: Path | None)
 
 
 def run_demo(
-    out: Path, data: Path | None = None, minutes: float = 8.0, preset: str = "mini-ple", vocab_size: int = 4096,
+    out: Path, data: Path | None = None, minutes: float = 6.0, preset: str = "mini-ple", vocab_size: int = 4096,
     max_corpus_mb: float = 12.0, steps: int | None = None,
 ) -> dict[str, Any]:
     """Prepare data, train PLE and its dP = 0 twin for the same steps, evaluate both per domain; return the table."""
