@@ -25,15 +25,14 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load, evaluate, print."""
-    from plelab.training.checkpoint import load_model
-    from plelab.training.data_access import checkpoint_tokenizer, eval_domains
+    from plelab.data.prepare import load_eval_domains
+    from plelab.training.data_access import load_for_inference
     from plelab.training.evaluate import evaluate_domains
     from plelab.training.trainer import pick_device
 
     device = pick_device(args.device)
-    model, _ = load_model(args.checkpoint, device=device)
-    tokenizer = checkpoint_tokenizer(model.checkpoint_dir, model.config.vocab_size)
-    domains = eval_domains(args.data, tokenizer)
+    model, tokenizer = load_for_inference(args.checkpoint, device)
+    domains = load_eval_domains(args.data, tokenizer)
     seq_len = args.seq_len or model.config.max_seq_len
     results = evaluate_domains(model, domains, seq_len, args.batch_size, args.max_tokens)
     results["checkpoint"] = str(model.checkpoint_dir)

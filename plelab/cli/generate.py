@@ -30,13 +30,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """Stream a continuation of the prompt to stdout."""
     from plelab.errors import PlelabError
-    from plelab.training.checkpoint import load_model
-    from plelab.training.data_access import checkpoint_tokenizer
+    from plelab.training.data_access import load_for_inference
     from plelab.training.trainer import pick_device
 
     device = pick_device(args.device)
-    model, _ = load_model(args.checkpoint, device=device)
-    tokenizer = checkpoint_tokenizer(model.checkpoint_dir, model.config.vocab_size)
+    model, tokenizer = load_for_inference(args.checkpoint, device)
     ids = tokenizer.encode(args.prompt)
     if not ids:
         raise PlelabError("the prompt encodes to no tokens")

@@ -215,8 +215,9 @@ class LanguageModel(nn.Module):
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
         """Raise TokenIdError if any id is outside [0, vocab_size)."""
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.config.vocab_size:
+        # One host sync on the happy path; min/max are only computed for the error message.
+        if bool(((input_ids < 0) | (input_ids >= self.config.vocab_size)).any()):
+            lo, hi = int(input_ids.min()), int(input_ids.max())
             raise TokenIdError(
                 f"token ids must lie in [0, {self.config.vocab_size}); got min {lo}, max {hi} "
                 "(is the tokenizer the one this model was built for?)"

@@ -164,16 +164,21 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", verify: boo
         raise CheckpointError(f"{ckpt}/config.json has an invalid model config: {exc}") from exc
     with torch.device("meta"):
         model = LanguageModel(cfg)
-    weights = unpack_mask_weights(load_file(str(ckpt / "model.safetensors"), device=str(device)), model)
-    missing = set(model.state_dict()) - set(weights)
-    if missing:
-        raise CheckpointError(f"{ckpt}: weights missing for {sorted(missing)[:5]}")
-    model.load_state_dict(weights, assign=True)
+    model.load_state_dict(read_weights(ckpt, model, device), assign=True)
     # Non-persistent buffers (RoPE tables) were created on meta; rebuild them for real.
     fresh = LanguageModel.rope_buffers(cfg, device)
     model.rope_cos, model.rope_sin = fresh
     model.checkpoint_dir = ckpt
     return model.to(device).eval(), meta
+
+
+def read_weights(ckpt: Path, model: LanguageModel, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A checkpoint's weights as a state dict for `model` (packed masks unpacked, completeness checked)."""
+    weights = unpack_mask_weights(load_file(str(Path(ckpt) / "model.safetensors"), device=str(device)), model)
+    missing = set(model.state_dict()) - set(weights)
+    if missing:
+        raise CheckpointError(f"{ckpt}: weights missing for {sorted(missing)[:5]}")
+    return weights
 
 
 def load_training_state(ckpt: Path) -> dict[str, Any]:

@@ -27,9 +27,12 @@ def checkpoint_tokenizer(ckpt_dir: str | Path, vocab_size: int) -> Tokenizer:
     return tok
 
 
-def eval_domains(path: str | Path, tokenizer: Tokenizer, cache_dir: str | Path | None = None) -> dict[str, EvalDomain]:
-    """Tokenized evaluation domains from a folder of <domain>.txt files (or one file), cached when asked."""
-    return load_eval_domains(path, tokenizer, cache_dir)
+def load_for_inference(path: str | Path, device: torch.device) -> tuple[Any, Tokenizer]:
+    """(model in eval mode, its tokenizer) from a run dir or checkpoint, checksums verified."""
+    from plelab.training.checkpoint import load_model
+
+    model, _ = load_model(path, device=device)
+    return model, checkpoint_tokenizer(model.checkpoint_dir, model.config.vocab_size)
 
 
 def split_as_domain(dataset: TokenDataset, max_tokens: int, name: str = "val") -> EvalDomain:
@@ -60,7 +63,7 @@ class TrainingData:
                 cache.mkdir(exist_ok=True)
             except OSError:
                 cache = None  # read-only data folder: tokenize without caching
-            self.eval_domains = eval_domains(cfg.eval_data, tokenizer, cache)
+            self.eval_domains = load_eval_domains(cfg.eval_data, tokenizer, cache)
         else:
             try:
                 self.eval_domains = {"val": split_as_domain(TokenDataset(cfg.data, "val"), cfg.eval_tokens)}

@@ -23,10 +23,13 @@ from plelab.errors import PlelabError
 from plelab.model.transformer import LanguageModel
 from plelab.training.callbacks import Callback
 from plelab.training.checkpoint import (
+    atomic_write_bytes,
     load_training_state,
     prune_checkpoints,
+    read_weights,
     resolve_checkpoint,
     save_checkpoint,
+    verify_checkpoint,
 )
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.training.data_access import TrainingData
@@ -136,11 +139,8 @@ class Trainer:
             self.log_line(f"no checkpoint in {self.run_dir}; starting from scratch")
             self._start_fresh()
             return
-        from plelab.training.checkpoint import load_model, verify_checkpoint
-
         verify_checkpoint(ckpt)
-        model, _ = load_model(ckpt, device=self.device, verify=False)
-        self.model.load_state_dict(model.state_dict())
+        self.model.load_state_dict(read_weights(ckpt, self.model, self.device))
         state = load_training_state(ckpt)
         self.optimizer.load_state_dict(state["optimizer"])
         self.data.load_state_dict(state["data"])
@@ -196,8 +196,6 @@ class Trainer:
             path = save_checkpoint(
                 ckpts / name, self.model, train_config_dict(self.config), state, self.data.tokenizer_path
             )
-            from plelab.training.checkpoint import atomic_write_bytes
-
             atomic_write_bytes(ckpts / "LATEST", name.encode())
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
