@@ -26,9 +26,17 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (no usage block) and exit status 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser: only `command`'s module registered when given, else every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="plelab",
         description="Build, count, train, diagnose and ship per-layer-embedding (PLE) language models.",
         epilog="Example: plelab params seed-3b --sweep-ple 0,64,128,256,512",
@@ -59,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except PlelabError as exc:
         print(f"plelab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # unreadable/unwritable paths, disk full: the message names the file, no traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"plelab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"plelab {args.command}: interrupted", file=sys.stderr)

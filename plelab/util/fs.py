@@ -52,3 +52,36 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def check_output_path(
+    path: str | Path, *, overwrite: bool = False, inputs: tuple[str | Path, ...] = (), is_dir: bool = False
+) -> Path:
+    """Refuse (PlelabError, one line) an output path that would lose data or cannot be written; return it.
+
+    Refused: a dangling symlink, a directory where a file goes (or the reverse), a path equal to one of the
+    command's `inputs` (never, even with overwrite), an existing file or non-empty folder unless `overwrite`,
+    and a parent folder that is missing-and-uncreatable or not writable.
+    """
+    from plelab.errors import PlelabError
+
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise PlelabError(f"output {path} is a dangling symbolic link")
+    resolved = path.resolve()
+    for item in inputs:
+        if item is not None and Path(item).resolve() == resolved:
+            raise PlelabError(f"output {path} is also an input of this command; choose another output path")
+    if path.exists():
+        if is_dir and not path.is_dir():
+            raise PlelabError(f"output {path} exists and is not a folder")
+        if not is_dir and path.is_dir():
+            raise PlelabError(f"output {path} is a folder; give a file path")
+        if not overwrite and (not is_dir or any(path.iterdir())):
+            raise PlelabError(f"output {path} already exists; pass --overwrite to replace it")
+    parent = resolved.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PlelabError(f"cannot write {path}: {parent} is not a writable folder")
+    return path

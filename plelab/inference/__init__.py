@@ -1,0 +1,1 @@
+"""Using a trained model: device choice, loading a run or checkpoint for inference, sampling, streaming decode."""
