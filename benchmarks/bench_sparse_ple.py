@@ -20,7 +20,7 @@ import torch
 from plelab.model import LanguageModel
 from plelab.model.params import count_params
 from plelab.training.config import load_train_config
-from plelab.training.optim import Optimizer
+from plelab.training.optim import Optimizer, model_config_for
 
 
 def make_step(preset: str, overrides: list[str], sparse: bool, batch: int, seq: int):
@@ -28,7 +28,7 @@ def make_step(preset: str, overrides: list[str], sparse: bool, batch: int, seq: 
     torch.manual_seed(0)
     cfg = load_train_config({"model": {"preset": preset}, "sparse_ple": sparse, "batch_size": batch,
                              "seq_len": seq, "lr": 1e-3}, [f"model.{o}" for o in overrides])
-    model = LanguageModel(cfg.model)
+    model = LanguageModel(model_config_for(cfg))
     opt = Optimizer(model, cfg)
     x = torch.randint(0, cfg.model.vocab_size, (batch, seq))
     y = torch.randint(0, cfg.model.vocab_size, (batch, seq))

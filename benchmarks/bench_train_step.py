@@ -6,9 +6,11 @@ round and medians over repeats after warm-up (the machine is shared, so single t
 1. ours (dP = 0) vs `LlamaForCausalLM` with identical dimensions, sdpa attention, tied embedding, the
    same batch and the same AdamW settings (foreach, as plelab's trainer uses) on both sides. Before
    timing, our weights are copied into the Llama model and logits and loss compared, which proves the
-   two compute the same function. "ours" is the training path, `model(ids, targets,
-   return_logits=False)` (head + cross-entropy fused in row chunks); "ours_returning_logits" is the
-   plain `model(ids, targets)` that also materialises the logits, timed in the same rotation.
+   two compute the same function. "ours" is the training path with the CPU kernels (`kernels="on"`,
+   plelab/model/kernels.py), `model(ids, targets, return_logits=False)` (head + cross-entropy fused in
+   row chunks); "ours_returning_logits" is the same model called as `model(ids, targets)`, which also
+   materialises the logits; "ours_reference" is the reference model (`kernels="off"`: plain RMSNorm,
+   RoPE and cross-entropy), all timed in the same rotation.
 2. the step-time cost of PLE at dP = H/2 against dP = 0 on the same core (dense AdamW on the table).
 3. CPU MFU of ours: 6 * matmul params * tokens/s / a measured fp32 matmul peak (tables excluded),
    and the same with the attention term (see plelab/training/mfu.py).
@@ -45,13 +47,13 @@ from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token 
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=True)
 
 
-def model_config(args: argparse.Namespace, ple_dim: int = 0) -> ModelConfig:
-    """Our config for the benchmark size."""
+def model_config(args: argparse.Namespace, ple_dim: int = 0, kernels: str = "on") -> ModelConfig:
+    """Our config for the benchmark size (the CPU kernels on unless asked otherwise)."""
     return load_model_config(
         dict(
             vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
             num_kv_heads=args.kv_heads, max_seq_len=args.seq, tie_embeddings=True,
-            ffn=dict(kind="swiglu", intermediate_size=args.ffn), ple=dict(dim=ple_dim),
+            ffn=dict(kind="swiglu", intermediate_size=args.ffn), ple=dict(dim=ple_dim), kernels=kernels,
         )
     )
 
@@ -196,9 +198,10 @@ def main(argv: list[str] | None = None) -> dict:
     # Fresh Llama weights for timing so the two models own separate tensors (tying is kept).
     llama = llama_model(cfg)
     ours_plain = LanguageModel(cfg)
-    t_llama, t_ours, t_plain = rotate(
+    ours_ref = LanguageModel(model_config(args, kernels="off"))
+    t_llama, t_ours, t_plain, t_ref = rotate(
         [step_fn(llama, "llama", ids, targets), step_fn(ours, "ours", ids, targets),
-         step_fn(ours_plain, "ours_logits", ids, targets)],
+         step_fn(ours_plain, "ours_logits", ids, targets), step_fn(ours_ref, "ours", ids, targets)],
         args.warmup, args.repeats,
     )
 
@@ -226,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
             "optimizer": {"name": "torch.optim.AdamW", **{k: list(v) if isinstance(v, tuple) else v
                                                           for k, v in ADAMW.items()}},
             "llama": "transformers.LlamaForCausalLM, attn_implementation=sdpa, labels=ids (HF's own loss)",
-            "warmup": args.warmup, "repeats": args.repeats, "order": "rotating (ABC, BCA, CAB, then reversed)",
+            "warmup": args.warmup, "repeats": args.repeats, "order": "rotating (ABCD, BCDA, ..., then reversed)",
         },
         "env": {
             "torch": torch.__version__, "transformers": __import__("transformers").__version__,
@@ -238,10 +241,13 @@ def main(argv: list[str] | None = None) -> dict:
             "llama": summary(t_llama), "ours": summary(t_ours), "ours_returning_logits": summary(t_plain),
             "ratio_llama_over_ours": med_llama / med_ours,
             "ratio_llama_over_ours_returning_logits": med_llama / statistics.median(t_plain.wall),
+            "ours_reference": summary(t_ref),
+            "ratio_reference_over_kernels": statistics.median(t_ref.wall) / med_ours,
             # CPU time is less sensitive to other processes than wall time (exactly so with --threads 1).
             "ratio_cpu_time_llama_over_ours": statistics.median(t_llama.cpu) / statistics.median(t_ours.cpu),
             "target": 1.3, "meets_target": med_llama / med_ours >= 1.3,
-            "ours_path": "model(ids, targets, return_logits=False): head + cross-entropy fused in row chunks",
+            "ours_path": "kernels=on, model(ids, targets, return_logits=False): head + cross-entropy fused in row "
+                         "chunks; ours_reference: kernels=off, the same call",
         },
         "ple_cost": {
             "ple_dim": ple_dim, "ple_params_added": count_params(cfg_ple)["ple_added"],

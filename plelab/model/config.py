@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from plelab.util.dataclass_config import ConfigError
+
+# The one list of each kind of variant: config validation, the module registries (ffn.py, ple.py),
+# parameter accounting and the edge runtime all take their names from here.
+FFNKind = Literal["swiglu", "mglu", "lowrank"]
+FFN_KINDS: tuple[str, ...] = get_args(FFNKind)
+PLEGate = Literal["input", "scalar", "vector"]
+PLE_GATES: tuple[str, ...] = get_args(PLEGate)
+KernelsSetting = Literal["auto", "on", "off"]
+KERNEL_SETTINGS: tuple[str, ...] = get_args(KernelsSetting)
 
 
 @dataclass
 class FFNConfig:
     """The feed-forward block; all variants share one interface (see plelab/model/ffn.py)."""
 
-    kind: Literal["swiglu", "mglu", "lowrank"] = "swiglu"
+    kind: FFNKind = "swiglu"
     """swiglu: separate gate/up; mglu: one shared matrix split by learned 1-bit masks;
     lowrank: gate and up each factorised."""
     intermediate_size: int = 128
@@ -30,8 +39,8 @@ class FFNConfig:
             raise ConfigError(f"ffn.mask_count must be >= 1 for mglu, got {self.mask_count}")
         if self.kind == "lowrank" and self.rank <= 0:
             raise ConfigError("ffn.rank must be > 0 for the lowrank FFN (e.g. --set ffn.rank=64)")
-        if self.kind not in ("swiglu", "mglu", "lowrank"):
-            raise ConfigError(f"ffn.kind must be swiglu, mglu or lowrank, got {self.kind!r}")
+        if self.kind not in FFN_KINDS:
+            raise ConfigError(f"ffn.kind must be one of {', '.join(FFN_KINDS)}, got {self.kind!r}")
 
 
 @dataclass
@@ -46,7 +55,7 @@ class PLEConfig:
     """Layers that receive PLE (0-based); None = all layers."""
     context: bool = True
     """Gemma form: add a projection of the input embedding (H -> L*dP, RMSNorm over dP), fused x 1/sqrt(2)."""
-    gate: Literal["input", "scalar", "vector"] = "input"
+    gate: PLEGate = "input"
     """input: GELU-tanh(Linear(h)) H -> dP (Gemma); scalar / vector: a learned gate (simple form;
     vector is per dP channel)."""
     gate_init: float = 1.0
@@ -57,14 +66,18 @@ class PLEConfig:
     """Initial weight of that norm; 0 makes PLE start silent (the edge reference's choice)."""
     table_init_std: float | None = None
     """Std of the table initialisation; None = the model's init_std."""
+    sparse_grad: bool = False
+    """Sparse gradients for the PLE table (only the rows of the batch): the step cost stops growing with
+    V x L x dP, but the optimizer must accept sparse gradients (the trainer's lazy row-wise Adam does;
+    set by the training config's sparse_ple)."""
 
     def __post_init__(self) -> None:
         if self.dim < 0:
             raise ConfigError(f"ple.dim (dP) must be >= 0, got {self.dim}")
         if self.vocab_size is not None and self.vocab_size <= 0:
             raise ConfigError(f"ple.vocab_size must be > 0, got {self.vocab_size}")
-        if self.gate not in ("input", "scalar", "vector"):
-            raise ConfigError(f"ple.gate must be input, scalar or vector, got {self.gate!r}")
+        if self.gate not in PLE_GATES:
+            raise ConfigError(f"ple.gate must be one of {', '.join(PLE_GATES)}, got {self.gate!r}")
         if self.layers is not None and len(set(self.layers)) != len(self.layers):
             raise ConfigError(f"ple.layers has duplicates: {self.layers}")
 
@@ -101,6 +114,10 @@ class ModelConfig:
     """Feed-forward block."""
     ple: PLEConfig = field(default_factory=PLEConfig)
     """Per-layer embeddings."""
+    kernels: KernelsSetting = "auto"
+    """Compute paths (plelab/model/kernels.py): "off" = the reference formulas, "on" = the hand-written
+    RMSNorm/RoPE backward and the fused chunked head + cross-entropy (same math, to rounding), "auto" = on
+    when the model is built for the CPU, the only device where they were measured faster."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_seq_len"):
@@ -121,6 +138,8 @@ class ModelConfig:
             raise ConfigError(f"head dim must be even for RoPE, got {self.head_size}")
         if self.norm_eps <= 0 or not math.isfinite(self.norm_eps):
             raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps}")
+        if self.kernels not in KERNEL_SETTINGS:
+            raise ConfigError(f"kernels must be one of {', '.join(KERNEL_SETTINGS)}, got {self.kernels!r}")
         if self.ple.layers is not None:
             bad = [i for i in self.ple.layers if not 0 <= i < self.num_layers]
             if bad:

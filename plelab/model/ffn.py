@@ -17,15 +17,31 @@ from torch import nn
 
 from plelab.model.config import FFNConfig
 
+# Every variant takes (hidden, cfg, std, out_std): input-side weights ~ N(0, std), the projection back
+# into the residual stream ~ N(0, out_std) (the model passes std / sqrt(2L), as GPT-2 does).
+
 
 class SwiGLU(nn.Module):
     """The standard gated FFN (Llama / Gemma naming)."""
 
-    def __init__(self, hidden: int, cfg: FFNConfig):
+    def __init__(self, hidden: int, cfg: FFNConfig, std: float = 0.02, out_std: float | None = None):
         super().__init__()
+        self.std, self.out_std = std, std if out_std is None else out_std
         self.gate_proj = nn.Linear(hidden, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, hidden, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Gate and up ~ N(0, std), down ~ N(0, out_std)."""
+        for lin in (self.gate_proj, self.up_proj):
+            nn.init.normal_(lin.weight, std=self.std, generator=generator)
+        nn.init.normal_(self.down_proj.weight, std=self.out_std, generator=generator)
+
+    @staticmethod
+    def param_count(hidden: int, cfg: FFNConfig) -> dict[str, int]:
+        """{"ffn": weights, "ffn_mask": mask logits} of one block."""
+        return {"ffn": 3 * hidden * cfg.intermediate_size, "ffn_mask": 0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -40,12 +56,27 @@ def binary_mask(logits: torch.Tensor) -> torch.Tensor:
 class MGLU(nn.Module):
     """Masked GLU: one shared gate/up matrix split per element by n_m learned binary masks."""
 
-    def __init__(self, hidden: int, cfg: FFNConfig):
+    def __init__(self, hidden: int, cfg: FFNConfig, std: float = 0.02, out_std: float | None = None):
         super().__init__()
+        self.std, self.out_std = std, std if out_std is None else out_std
         self.weight = nn.Parameter(torch.empty(cfg.intermediate_size, hidden))
-        # Logits straddle zero at init so each mask starts as a random half/half split.
         self.mask_logits = nn.Parameter(torch.empty(cfg.mask_count, cfg.intermediate_size, hidden))
         self.down_proj = nn.Linear(cfg.intermediate_size, hidden, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Shared matrix and mask logits ~ N(0, std), down ~ N(0, out_std)."""
+        nn.init.normal_(self.weight, std=self.std, generator=generator)
+        # Logits straddle zero so each mask starts as a random half/half split, and sit at the weights'
+        # scale so the straight-through updates can flip a mask bit within a few steps.
+        nn.init.normal_(self.mask_logits, std=self.std, generator=generator)
+        nn.init.normal_(self.down_proj.weight, std=self.out_std, generator=generator)
+
+    @staticmethod
+    def param_count(hidden: int, cfg: FFNConfig) -> dict[str, int]:
+        """{"ffn": weights, "ffn_mask": mask logits} of one block."""
+        f = cfg.intermediate_size
+        return {"ffn": 2 * hidden * f, "ffn_mask": cfg.mask_count * hidden * f}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         masks = binary_mask(self.mask_logits).to(self.weight.dtype)
@@ -75,14 +106,28 @@ def unpack_mask(bits: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
 class LowRankSwiGLU(nn.Module):
     """SwiGLU whose gate and up projections are each factorised through rank r."""
 
-    def __init__(self, hidden: int, cfg: FFNConfig):
+    def __init__(self, hidden: int, cfg: FFNConfig, std: float = 0.02, out_std: float | None = None):
         super().__init__()
+        self.std, self.out_std = std, std if out_std is None else out_std
         r, f = cfg.rank, cfg.intermediate_size
         self.gate_proj_a = nn.Linear(hidden, r, bias=False)
         self.gate_proj_b = nn.Linear(r, f, bias=False)
         self.up_proj_a = nn.Linear(hidden, r, bias=False)
         self.up_proj_b = nn.Linear(r, f, bias=False)
         self.down_proj = nn.Linear(f, hidden, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Every factor ~ N(0, std), down ~ N(0, out_std)."""
+        for lin in (self.gate_proj_a, self.gate_proj_b, self.up_proj_a, self.up_proj_b):
+            nn.init.normal_(lin.weight, std=self.std, generator=generator)
+        nn.init.normal_(self.down_proj.weight, std=self.out_std, generator=generator)
+
+    @staticmethod
+    def param_count(hidden: int, cfg: FFNConfig) -> dict[str, int]:
+        """{"ffn": weights, "ffn_mask": mask logits} of one block."""
+        r, f = cfg.rank, cfg.intermediate_size
+        return {"ffn": 2 * (hidden * r + r * f) + f * hidden, "ffn_mask": 0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.gate_proj_b(self.gate_proj_a(x))
@@ -90,20 +135,17 @@ class LowRankSwiGLU(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-FFN_KINDS = {"swiglu": SwiGLU, "mglu": MGLU, "lowrank": LowRankSwiGLU}
+# Keyed by plelab.model.config.FFN_KINDS (tests/model/test_ffn.py builds and counts every kind).
+_FFN_CLASSES: dict[str, type[SwiGLU | MGLU | LowRankSwiGLU]] = {
+    "swiglu": SwiGLU, "mglu": MGLU, "lowrank": LowRankSwiGLU,
+}
 
 
-def build_ffn(hidden: int, cfg: FFNConfig) -> nn.Module:
-    """Construct the FFN variant named by `cfg.kind`."""
-    return FFN_KINDS[cfg.kind](hidden, cfg)
+def build_ffn(hidden: int, cfg: FFNConfig, std: float = 0.02, out_std: float | None = None) -> nn.Module:
+    """Construct (and initialise) the FFN variant named by `cfg.kind`."""
+    return _FFN_CLASSES[cfg.kind](hidden, cfg, std, out_std)
 
 
 def ffn_param_count(hidden: int, cfg: FFNConfig) -> dict[str, int]:
     """Analytic parameter count of one FFN: {"ffn": weights, "ffn_mask": MGLU mask logits}."""
-    f = cfg.intermediate_size
-    if cfg.kind == "swiglu":
-        return {"ffn": 3 * hidden * f, "ffn_mask": 0}
-    if cfg.kind == "mglu":
-        return {"ffn": 2 * hidden * f, "ffn_mask": cfg.mask_count * hidden * f}
-    r = cfg.rank
-    return {"ffn": 2 * (hidden * r + r * f) + f * hidden, "ffn_mask": 0}
+    return _FFN_CLASSES[cfg.kind].param_count(hidden, cfg)

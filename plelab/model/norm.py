@@ -2,52 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
+
+NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
-class _RMSNormFn(torch.autograd.Function):
-    """RMSNorm with a hand-written backward.
-
-    On CPU, F.rms_norm is a composite of ~6 elementwise ops whose autograd graph adds ~10 more passes
-    over the activations; this does 3 forward and ~7 backward passes and saves only x and 1/rms.
-    The forward is bit-identical to F.rms_norm in fp32; gradients agree to rounding.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf, wf = x.float(), weight.float()
-        rstd = torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, weight, rstd)
-        return (xf * rstd * wf).to(x.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        x, weight, rstd = ctx.saved_tensors
-        xf, wf, g = x.float(), weight.float(), grad.float()
-        xhat = xf * rstd
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            grad_w = (g * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            gw = g * wf
-            # d/dx of x*rstd: rstd * (gw - xhat * mean(gw * xhat)).
-            dot = torch.mean(gw * xhat, dim=-1, keepdim=True)
-            grad_x = torch.addcmul(gw, xhat, dot, value=-1).mul_(rstd).to(x.dtype)
-        return grad_x, grad_w, None
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The reference formula over the last dimension, in fp32, cast back to x's dtype."""
+    # Low-precision activations lose the small mean-square; fp32 keeps it (as HF Llama / Gemma do).
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dimension; statistics always in fp32."""
+    """Root-mean-square norm over the last dimension with a learned weight (initialised to `init`)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, init: float = 1.0, fn: NormFn = rms_norm):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.init, self.fn = eps, init, fn
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Every weight at `init` (1 = identity scale; 0 silences whatever the norm feeds)."""
+        nn.init.constant_(self.weight, self.init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Low-precision activations lose the small mean-square; fp32 keeps it (as HF Gemma does).
-        return _RMSNormFn.apply(x, self.weight, self.eps)
+        return self.fn(x, self.weight, self.eps)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import ffn_param_count
-from plelab.model.ple import ple_param_count
+from plelab.model.ple import gate_shape, ple_param_count
 
 PLE_PARTS = ("ple_table", "ple_model_projection", "ple_per_layer")
 
@@ -69,5 +70,6 @@ def matmul_params(cfg: ModelConfig) -> int:
     head = cfg.vocab_size * cfg.hidden_size
     n_ple, dP, H = len(cfg.ple_layers), cfg.ple.dim, cfg.hidden_size
     ple_norms = (dP if cfg.ple.context and n_ple else 0) + (n_ple * H if cfg.ple.output_norm else 0)
-    ple_gates = n_ple * (dP if cfg.ple.gate == "vector" else 1) if cfg.ple.gate != "input" else 0
+    # A learned scalar/vector gate is an elementwise product; the input gate is a matmul and stays in.
+    ple_gates = n_ple * math.prod(gate_shape(cfg)) if cfg.ple.gate != "input" else 0
     return c["attention"] + c["ffn"] + head + c["ple_model_projection"] + c["ple_per_layer"] - ple_norms - ple_gates

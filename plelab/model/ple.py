@@ -22,25 +22,37 @@ import torch.nn.functional as F
 from torch import nn
 
 from plelab.model.config import ModelConfig
-from plelab.model.norm import RMSNorm
+from plelab.model.norm import NormFn, RMSNorm, rms_norm
 
 
 class PerLayerInputs(nn.Module):
     """Computes every PLE layer's input vector for a batch of token ids."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, norm_fn: NormFn = rms_norm):
         super().__init__()
         self.num_layers = len(cfg.ple_layers)
         self.dim = cfg.ple.dim
         self.vocab_size = cfg.ple_vocab_size
-        self.embed_tokens_per_layer = nn.Embedding(self.vocab_size, self.num_layers * self.dim)
+        self.std = cfg.init_std
+        self.table_std = cfg.ple.table_init_std if cfg.ple.table_init_std is not None else cfg.init_std
+        self.embed_tokens_per_layer = nn.Embedding(
+            self.vocab_size, self.num_layers * self.dim, sparse=cfg.ple.sparse_grad
+        )
         self.embed_scale = math.sqrt(self.dim)
         self.context = cfg.ple.context
         if self.context:
             self.per_layer_model_projection = nn.Linear(cfg.hidden_size, self.num_layers * self.dim, bias=False)
             self.per_layer_model_projection_scale = cfg.hidden_size**-0.5
-            self.per_layer_projection_norm = RMSNorm(self.dim, eps=cfg.norm_eps)
+            self.per_layer_projection_norm = RMSNorm(self.dim, eps=cfg.norm_eps, fn=norm_fn)
         self.per_layer_input_scale = 2.0**-0.5
+        self.reset_parameters()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Table ~ N(0, ple.table_init_std), context projection ~ N(0, init_std), its norm at one."""
+        nn.init.normal_(self.embed_tokens_per_layer.weight, std=self.table_std, generator=generator)
+        if self.context:
+            nn.init.normal_(self.per_layer_model_projection.weight, std=self.std, generator=generator)
+            self.per_layer_projection_norm.reset_parameters()
 
     def identity(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token-identity component, (B, T, L_ple, dP)."""
@@ -61,16 +73,30 @@ class PerLayerInputs(nn.Module):
 class PerLayerInjection(nn.Module):
     """One layer's PLE injection; returns the contribution y that the layer adds to h."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, norm_fn: NormFn = rms_norm):
         super().__init__()
         H, dP, p = cfg.hidden_size, cfg.ple.dim, cfg.ple
-        self.gate_kind = p.gate
+        self.gate_kind, self.gate_init, self.std = p.gate, p.gate_init, cfg.init_std
         if p.gate == "input":
             self.per_layer_input_gate = nn.Linear(H, dP, bias=False)
         else:
-            self.gate = nn.Parameter(torch.full((1,) if p.gate == "scalar" else (dP,), float(p.gate_init)))
+            self.gate = nn.Parameter(torch.empty(gate_shape(cfg)))
         self.per_layer_projection = nn.Linear(dP, H, bias=False)
-        self.post_per_layer_input_norm = RMSNorm(H, eps=cfg.norm_eps) if p.output_norm else nn.Identity()
+        self.post_per_layer_input_norm = (
+            RMSNorm(H, eps=cfg.norm_eps, init=p.output_norm_init, fn=norm_fn) if p.output_norm else nn.Identity()
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Input gate and projection ~ N(0, init_std), a learned gate at ple.gate_init, the norm at
+        ple.output_norm_init (0 = PLE starts silent)."""
+        if self.gate_kind == "input":
+            nn.init.normal_(self.per_layer_input_gate.weight, std=self.std, generator=generator)
+        else:
+            nn.init.constant_(self.gate, self.gate_init)
+        nn.init.normal_(self.per_layer_projection.weight, std=self.std, generator=generator)
+        if isinstance(self.post_per_layer_input_norm, RMSNorm):
+            self.post_per_layer_input_norm.reset_parameters()
 
     def gate_values(self, h: torch.Tensor) -> torch.Tensor:
         """The gate g that multiplies the layer's PLE vector (broadcastable to (..., dP))."""
@@ -83,12 +109,18 @@ class PerLayerInjection(nn.Module):
         return self.post_per_layer_input_norm(self.per_layer_projection(g))
 
 
+def gate_shape(cfg: ModelConfig) -> tuple[int, ...]:
+    """Shape of one layer's gate weights: the input gate's (dP, H) matrix, a (1,) scalar or a (dP,) vector."""
+    dP = cfg.ple.dim
+    return {"input": (dP, cfg.hidden_size), "scalar": (1,), "vector": (dP,)}[cfg.ple.gate]
+
+
 def ple_param_count(cfg: ModelConfig) -> dict[str, int]:
     """Analytic PLE parameter counts: table, model-level projection (+ norm), per-layer parts."""
     n, dP, H = len(cfg.ple_layers), cfg.ple.dim, cfg.hidden_size
     if n == 0:
         return {"ple_table": 0, "ple_model_projection": 0, "ple_per_layer": 0}
-    gate = {"input": H * dP, "scalar": 1, "vector": dP}[cfg.ple.gate]
+    gate = math.prod(gate_shape(cfg))
     return {
         "ple_table": cfg.ple_vocab_size * n * dP,
         "ple_model_projection": (H * n * dP + dP) if cfg.ple.context else 0,

@@ -1,7 +1,7 @@
 """The decoder-only language model: RoPE, GQA attention, a configurable FFN, optional PLE.
 
-Single-device code that knows nothing of training, checkpoints or parallelism. The whole forward
-pass, layer by layer:
+A reference implementation: single-device code that knows nothing of training, checkpoints or
+parallelism, written with the plain formulas. The whole forward pass, layer by layer:
 
     x   = embed(ids) [* sqrt(H)]
     ple = PerLayerInputs(ids, x)                          (only when dP > 0)
@@ -10,11 +10,15 @@ pass, layer by layer:
         x = x + ffn(norm(x))
         x = x + PerLayerInjection_l(x, ple[:, :, l])     (only on PLE layers)
     logits = head(norm(x))
+
+`ModelConfig.kernels` swaps three of the functions (RMSNorm, RoPE, head + cross-entropy) for CPU
+kernels computing the same math (plelab/model/kernels.py); the choice is made once, at construction.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,18 +26,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from plelab.errors import PlelabError
+from plelab.model import kernels
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import build_ffn
-from plelab.model.loss import linear_cross_entropy
-from plelab.model.norm import RMSNorm
+from plelab.model.norm import NormFn, RMSNorm, rms_norm
 from plelab.model.ple import PerLayerInjection, PerLayerInputs
+
+Tensor = torch.Tensor
 
 
 class TokenIdError(PlelabError, ValueError):
     """Token ids outside the model's vocabulary."""
 
 
-def rope_tables(head_dim: int, length: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(head_dim: int, length: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
     """cos/sin tables (length, head_dim) in the half-rotation (Llama / Gemma) layout."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
     freqs = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
@@ -41,51 +47,46 @@ def rope_tables(head_dim: int, length: int, theta: float, device=None) -> tuple[
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (..., T, D) by position: x * cos + rotate_half(x) * sin; cos/sin broadcast as (T, D) or (T, 1, D)."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _RoPE.apply(x, cos, sin)
-    return _rope(x, cos, sin)
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
-    # x*cos + cat(-x2, x1)*sin without materialising the rotated copy (sign=-1: the transpose).
-    # Products are rounded before the add (no addcmul/FMA) so results are bit-identical to the
-    # reference formula, and so to Hugging Face Llama.
-    half = x.shape[-1] // 2
-    out = x * cos  # in the promoted dtype (fp32 tables): cast once at the end, as the reference does
-    x1, x2 = x[..., :half], x[..., half:]
-    lo, hi = out[..., :half], out[..., half:]
-    if sign > 0:
-        lo.sub_(x2 * sin[..., :half])
-        hi.add_(x1 * sin[..., half:])
-    else:
-        lo.add_(x2 * sin[..., :half])
-        hi.sub_(x1 * sin[..., half:])
-    return out.to(x.dtype)
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate (..., T, D) by position; cos/sin are (T, D) fp32 tables, the result has x's dtype."""
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
 
 
-class _RoPE(torch.autograd.Function):
-    """RoPE with its (linear, orthogonal) backward written out: the autograd graph of the chunk/neg/cat
-    form costs about twice the passes over q and k on CPU. The gradient is the inverse rotation."""
+def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
+    """Mean fp32 cross-entropy of (..., V) logits against (...) targets; `ignore_index` entries skipped."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index)
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(cos, sin)
-        return _rope(x, cos, sin)
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        cos, sin = ctx.saved_tensors
-        return _rope(grad, cos, sin, sign=-1.0), None, None
+def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
+    """`cross_entropy` of the logits h @ weight.T (what kernels.linear_cross_entropy fuses)."""
+    return cross_entropy(F.linear(h, weight), targets, ignore_index)
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The functions that have a CPU kernel; a model holds one set, chosen from `ModelConfig.kernels`."""
+
+    rms_norm: NormFn
+    rope: Callable[[Tensor, Tensor, Tensor], Tensor]
+    head_loss: Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+REFERENCE_OPS = Ops(rms_norm, apply_rope, linear_cross_entropy)
+KERNEL_OPS = Ops(kernels.rms_norm, kernels.rope, kernels.linear_cross_entropy)
 
 
 @dataclass
 class KVCache:
     """Preallocated keys/values for every layer; `pos` tokens are filled."""
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    keys: list[Tensor]
+    values: list[Tensor]
     pos: int = 0
 
     @classmethod
@@ -106,41 +107,45 @@ class KVCache:
 class Attention(nn.Module):
     """Grouped-query self-attention through scaled_dot_product_attention."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, rope: Callable[[Tensor, Tensor, Tensor], Tensor] = apply_rope):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.kv_heads, cfg.head_size
+        self.rope = rope
+        # The output projection writes into the residual stream, which sums 2L such writes (GPT-2).
+        self.std, self.out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.num_layers)
         H = cfg.hidden_size
         self.q_proj = nn.Linear(H, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
+        self.reset_parameters()
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """q, k, v ~ N(0, init_std); o ~ N(0, init_std / sqrt(2L))."""
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.normal_(lin.weight, std=self.std, generator=generator)
+        nn.init.normal_(self.o_proj.weight, std=self.out_std, generator=generator)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
         B, T, _ = x.shape
-        nh, nkv = self.n_heads, self.n_kv
-        # One GEMM for q, k and v (weights concatenated per call, a few hundred KB): one bigger GEMM
-        # runs faster than three thin ones on CPU, and backward gets one input-gradient GEMM instead
-        # of three plus two adds. Parameters keep their separate (HF-compatible) names.
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        # split (not slicing): its backward is one cat, where each slice's backward zero-fills a full copy.
-        qk, v = F.linear(x, w).view(B, T, nh + 2 * nkv, self.head_dim).split([nh + nkv, nkv], dim=2)
-        # RoPE on q and k together, in (B, T, heads, D) layout: half the elementwise launches.
-        q, k = apply_rope(qk, cos[:, None], sin[:, None]).split([nh, nkv], dim=2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        mask, causal = None, True
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        mask, causal = None, T > 1
         if cache is not None:
             start = cache.pos
             cache.keys[layer][:, :, start : start + T] = k
             cache.values[layer][:, :, start : start + T] = v
             k = cache.keys[layer][:, :, : start + T]
             v = cache.values[layer][:, :, : start + T]
-            if start > 0:
+            if start > 0 and T > 1:
                 # New queries see everything cached plus the causal part of themselves.
                 causal = False
-                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start) if T > 1 else None
-        # The CPU flash kernel handles GQA itself: no expanded k/v copies, no sum over the copies in backward.
+                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
+        # GQA inside SDPA: no expanded copies of k/v (and no sum over the copies in backward).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None and T > 1, enable_gqa=nkv != nh
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_kv != self.n_heads
         )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -148,15 +153,24 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm attention + FFN, then (on PLE layers) the per-layer-embedding injection."""
 
-    def __init__(self, cfg: ModelConfig, has_ple: bool):
+    def __init__(self, cfg: ModelConfig, has_ple: bool, ops: Ops = REFERENCE_OPS):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.mlp = build_ffn(cfg.hidden_size, cfg.ffn)
-        self.ple = PerLayerInjection(cfg) if has_ple else None
+        H, eps, std = cfg.hidden_size, cfg.norm_eps, cfg.init_std
+        self.input_layernorm = RMSNorm(H, eps, fn=ops.rms_norm)
+        self.self_attn = Attention(cfg, ops.rope)
+        self.post_attention_layernorm = RMSNorm(H, eps, fn=ops.rms_norm)
+        self.mlp = build_ffn(H, cfg.ffn, std, std / math.sqrt(2 * cfg.num_layers))
+        self.ple = PerLayerInjection(cfg, ops.rms_norm) if has_ple else None
 
-    def forward(self, x, cos, sin, ple_input=None, cache=None, layer: int = 0) -> torch.Tensor:
+    def reset_parameters(self, ple_generator: torch.Generator | None = None) -> None:
+        """The trunk's parts from the global RNG; the PLE injection from `ple_generator`."""
+        for part in (self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp):
+            part.reset_parameters()
+        if self.ple is not None:
+            self.ple.reset_parameters(ple_generator)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ple_input: Tensor | None = None,
+                cache: KVCache | None = None, layer: int = 0) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
         x = x + self.mlp(self.post_attention_layernorm(x))
         if self.ple is not None:
@@ -165,55 +179,74 @@ class DecoderLayer(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    """Decoder-only LM with optional per-layer embeddings; `forward` returns (logits, loss)."""
+    """Decoder-only LM with optional per-layer embeddings; `forward` returns (logits, loss).
 
-    def __init__(self, cfg: ModelConfig):
+    `device` is where the model runs: it decides `kernels = "auto"` and receives the weights (default:
+    torch's default device). Weights are initialised on the CPU whatever the device, so one seed gives one
+    model everywhere. On the meta device (`device="meta"` or under `torch.device("meta")`) the model is an
+    uninitialised skeleton, to be filled by `load_state_dict(..., assign=True)`; under `torch.device("meta")`
+    `device` still names where it will run, for the kernel choice.
+    """
+
+    def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None):
         super().__init__()
         self.config = cfg
-        ple_layers = cfg.ple_layers
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.per_layer_inputs = PerLayerInputs(cfg) if ple_layers else None
-        # Slot of each layer in the packed PLE tensor (None where the layer has no PLE).
-        self.ple_slot = {layer: i for i, layer in enumerate(ple_layers)}
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i in self.ple_slot) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = self.rope_buffers(cfg)
+        target = torch.device(device) if device is not None else torch.get_default_device()
+        skeleton = "meta" in (target.type, torch.get_default_device().type)
+        self.ops = KERNEL_OPS if kernels.kernels_enabled(cfg.kernels, target) else REFERENCE_OPS
+        # Built on meta and initialised once below: the submodules' own initialisation at construction
+        # would draw from the global RNG in an order that depends on dP (and be thrown away anyway).
+        with torch.device("meta"):
+            ple_layers = cfg.ple_layers
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.per_layer_inputs = PerLayerInputs(cfg, self.ops.rms_norm) if ple_layers else None
+            # Slot of each layer in the packed PLE tensor (absent where the layer has no PLE).
+            self.ple_slot = {layer: i for i, layer in enumerate(ple_layers)}
+            self.layers = nn.ModuleList(
+                DecoderLayer(cfg, i in self.ple_slot, self.ops) for i in range(cfg.num_layers)
+            )
+            self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, fn=self.ops.rms_norm)
+            self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if not skeleton:
+            self.to_empty(device="cpu")
+        cos, sin = self.rope_buffers(cfg, "meta" if skeleton else "cpu")
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
+        if not skeleton:
+            self.reset_parameters()
+            self.to(target)
 
     @staticmethod
-    def rope_buffers(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_buffers(cfg: ModelConfig, device=None) -> tuple[Tensor, Tensor]:
         """The RoPE cos/sin tables for `cfg.max_seq_len` positions."""
         return rope_tables(cfg.head_size, cfg.max_seq_len, cfg.rope_theta, device)
 
-    def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights, residual outputs scaled by 1/sqrt(2L), norms at one."""
-        cfg = self.config
-        std = cfg.init_std
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                nn.init.ones_(p)
-            elif name.endswith("mask_logits"):
-                nn.init.normal_(p, std=std)
-            elif name.endswith(".gate"):
-                nn.init.constant_(p, cfg.ple.gate_init)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                nn.init.normal_(p, std=std / math.sqrt(2 * cfg.num_layers))
-            elif name.endswith("embed_tokens_per_layer.weight"):
-                nn.init.normal_(p, std=cfg.ple.table_init_std if cfg.ple.table_init_std is not None else std)
-            else:
-                nn.init.normal_(p, std=std)
-        for layer in self.layers:
-            if layer.ple is not None and isinstance(layer.ple.post_per_layer_input_norm, RMSNorm):
-                nn.init.constant_(layer.ple.post_per_layer_input_norm.weight, cfg.ple.output_norm_init)
+    def reset_parameters(self, ple_seed: int | None = None) -> None:
+        """Initialise every weight, each module by its own `reset_parameters`, in a fixed order.
 
-    def output_weight(self) -> torch.Tensor:
+        The trunk (embedding, attention, FFN, norms, head) draws from torch's global RNG, the PLE parts
+        from a generator of their own seeded with `ple_seed` (default: one draw of the global RNG, made at
+        every dP, dP = 0 included). So after `torch.manual_seed(s)` the trunk is bit-identical whatever
+        dP is, and so is the global RNG state left behind (data order, sampling, ...).
+        """
+        cfg = self.config
+        if ple_seed is None:
+            ple_seed = int(torch.randint(0, 2**62, (1,)))
+        ple_gen = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(ple_seed)
+        nn.init.normal_(self.embed_tokens.weight, std=cfg.init_std)
+        if self.per_layer_inputs is not None:
+            self.per_layer_inputs.reset_parameters(ple_gen)
+        for layer in self.layers:
+            layer.reset_parameters(ple_gen)
+        self.norm.reset_parameters()
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=cfg.init_std)
+
+    def output_weight(self) -> Tensor:
         """The (V, H) output-head matrix (the input embedding when tied)."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def check_ids(self, input_ids: torch.Tensor) -> None:
+    def check_ids(self, input_ids: Tensor) -> None:
         """Raise TokenIdError if any id is outside [0, vocab_size)."""
         # One host sync on the happy path; min/max are only computed for the error message.
         if bool(((input_ids < 0) | (input_ids >= self.config.vocab_size)).any()):
@@ -223,7 +256,7 @@ class LanguageModel(nn.Module):
                 "(is the tokenizer the one this model was built for?)"
             )
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
         """Final normed hidden states (B, T, H)."""
         self.check_ids(input_ids)
         B, T = input_ids.shape
@@ -246,65 +279,17 @@ class LanguageModel(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
-        targets: torch.Tensor | None = None,
+        input_ids: Tensor,
+        targets: Tensor | None = None,
         cache: KVCache | None = None,
         return_logits: bool = True,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(logits, loss); targets = -100 are ignored. return_logits=False (with targets) is the fast
-        training path: head + cross-entropy fused in row chunks, same loss and gradients, logits None."""
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(logits, loss); targets = -100 are ignored. With targets and return_logits=False the logits
+        are not returned, which lets the kernels fuse the head into the loss (the training path)."""
         h = self.hidden_states(input_ids, cache)
         if targets is None:
             return F.linear(h[:, -1:] if cache is not None else h, self.output_weight()), None
         if not return_logits:
-            return None, linear_cross_entropy(h, self.output_weight(), targets, ignore_index=-100)
+            return None, self.ops.head_loss(h, self.output_weight(), targets)
         logits = F.linear(h, self.output_weight())
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
-        return logits, loss
-
-    @torch.no_grad()
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-    ):
-        """Yield (B, 1) tensors of sampled tokens one at a time, using a KV cache."""
-        B, T = input_ids.shape
-        length = T + max_new_tokens
-        dtype = self.embed_tokens.weight.dtype
-        cache = KVCache.empty(self.config, B, length, input_ids.device, dtype)
-        logits, _ = self(input_ids, cache=cache)
-        for _ in range(max_new_tokens):
-            nxt = sample_next(logits[:, -1].float(), temperature, top_k, top_p, generator)
-            yield nxt
-            if cache.pos >= length:
-                break
-            logits, _ = self(nxt, cache=cache)
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Pick the next token from (B, V) logits: greedy at temperature 0, else top-k / top-p sampling."""
-    if temperature <= 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix reaching top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator)
+        return logits, cross_entropy(logits, targets)

@@ -10,19 +10,31 @@ decay (tables are excluded from decay anyway), (4) bias correction uses the glob
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from typing import Any
 
 import torch
 from torch import nn
 
+from plelab.errors import PlelabError
+from plelab.model.config import ModelConfig
 from plelab.training.config import TrainConfig
 
 
-def sparse_tables(model: nn.Module) -> list[nn.Embedding]:
-    """The PLE table embeddings of a model (the only modules we make sparse)."""
-    ple = getattr(model, "per_layer_inputs", None)
-    return [ple.embed_tokens_per_layer] if ple is not None else []
+class OptimizerGroupsError(PlelabError):
+    """The optimizer's parameter groups do not cover the model's trainable parameters exactly once."""
+
+
+def model_config_for(cfg: TrainConfig) -> ModelConfig:
+    """The model a run builds: `cfg.model` with sparse PLE-table gradients iff `cfg.sparse_ple`."""
+    return dataclasses.replace(cfg.model, ple=dataclasses.replace(cfg.model.ple, sparse_grad=cfg.sparse_ple))
+
+
+def sparse_params(model: nn.Module) -> list[nn.Parameter]:
+    """Weights of the embeddings that produce sparse gradients (the model config decides which)."""
+    return [m.weight for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse and m.weight.requires_grad]
 
 
 def no_decay(name: str, p: torch.Tensor) -> bool:
@@ -30,25 +42,45 @@ def no_decay(name: str, p: torch.Tensor) -> bool:
     return p.ndim < 2 or "embed" in name or "norm" in name or name.endswith(".gate")
 
 
+def check_coverage(model: nn.Module, groups: list[list[torch.Tensor]]) -> None:
+    """Raise OptimizerGroupsError unless `groups` hold every trainable parameter of `model` exactly once."""
+    trainable = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
+    counts = Counter(id(p) for group in groups for p in group)
+    missing = [name for i, name in trainable.items() if counts[i] == 0]
+    duplicated = [trainable[i] for i, c in counts.items() if c > 1 and i in trainable]
+    foreign = sum(1 for i in counts if i not in trainable)
+    problems = [f"missing {missing}" if missing else "", f"duplicated {duplicated}" if duplicated else "",
+                f"{foreign} tensor(s) that are not trainable parameters of the model" if foreign else ""]
+    if any(problems):
+        raise OptimizerGroupsError(
+            "optimizer groups must hold every trainable parameter exactly once: " + "; ".join(filter(None, problems))
+        )
+
+
 class Optimizer:
-    """AdamW (dense params) + optional SparseAdam (sparse tables) behind one step/zero_grad/state API."""
+    """AdamW (dense params) + SparseAdam (embeddings with sparse gradients) behind one step/zero_grad/state API.
+
+    Which parameters are sparse is the model's choice (`ple.sparse_grad`, set from the training config by
+    `model_config_for`); the optimizer only reads it, and refuses a model that disagrees with `cfg.sparse_ple`.
+    """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, fused: bool = False):
-        sparse_params = set()
-        if cfg.sparse_ple:
-            for emb in sparse_tables(model):
-                emb.sparse = True
-                sparse_params.add(id(emb.weight))
+        sparse = sparse_params(model)
+        if cfg.model.ple.dim > 0 and bool(sparse) != cfg.sparse_ple:
+            raise ValueError(
+                f"sparse_ple = {cfg.sparse_ple} but the model's PLE table has "
+                f"{'sparse' if sparse else 'dense'} gradients; build it from model_config_for(train_config)"
+            )
+        sparse_ids = {id(p) for p in sparse}
         decay, plain = [], []
         for name, p in model.named_parameters():
-            if not p.requires_grad or id(p) in sparse_params:
-                continue
-            (plain if no_decay(name, p) else decay).append(p)
+            if p.requires_grad and id(p) not in sparse_ids:
+                (plain if no_decay(name, p) else decay).append(p)
+        check_coverage(model, [decay, plain, sparse])
         betas = (cfg.beta1, cfg.beta2)
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
         kwargs = {"fused": True} if fused else {"foreach": True}
         self.dense = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=betas, **kwargs)
-        sparse = [p for p in model.parameters() if id(p) in sparse_params and p.requires_grad]
         self.sparse = torch.optim.SparseAdam(sparse, lr=cfg.lr, betas=betas) if sparse else None
         self.optimizers = [o for o in (self.dense, self.sparse) if o is not None]
 

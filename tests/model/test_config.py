@@ -21,6 +21,8 @@ def test_every_field_has_a_docstring():
         (["num_kv_heads=3"], "num_kv_heads"),
         (["ple.layers=[7]"], "ple.layers"),
         (["ffn.kind=moe"], "ffn.kind"),
+        (["kernels=fast"], "kernels"),
+        (["ple.gate=sigmoid"], "ple.gate"),
         (["hidden_sise=3"], "unknown config key"),
         (["ffn.kind=lowrank"], "ffn.rank"),
         (["vocab_size=abc"], "expected an integer"),

@@ -83,11 +83,14 @@ def gemma4() -> Gemma4TextModel:
     return model
 
 
-def ours_from(hf_model: torch.nn.Module, **ple_overrides) -> LanguageModel:
-    """A plelab model shaped like the HF one (the core is a stand-in) with the HF PLE weights loaded."""
+def ours_from(hf_model: torch.nn.Module, kernels: str = "off", **ple_overrides) -> LanguageModel:
+    """A plelab model shaped like the HF one (the core is a stand-in) with the HF PLE weights loaded.
+
+    kernels="off" (the reference path) unless a test asks for the CPU kernels."""
     overrides = ple_config_from_hf(hf_model.config)
     overrides["ple"].update(ple_overrides)
-    model = LanguageModel(load_model_config(dict(overrides, num_heads=2, ffn=dict(intermediate_size=64)))).eval()
+    cfg = load_model_config(dict(overrides, num_heads=2, ffn=dict(intermediate_size=64), kernels=kernels))
+    model = LanguageModel(cfg).eval()
     load_hf_ple_weights(model, hf_model, include_embedding=True)
     return model
 
@@ -116,8 +119,9 @@ def front_end_diff(hf: Gemma3nTextModel, ours: LanguageModel, ids: torch.Tensor)
     return maxdiff(got, ref)
 
 
-def test_front_end_matches_gemma3n(gemma3n):
-    ours = ours_from(gemma3n)
+@pytest.mark.parametrize("kernels", ["off", "on"])
+def test_front_end_matches_gemma3n(gemma3n, kernels):
+    ours = ours_from(gemma3n, kernels)
     ids = token_ids()
     assert (ids >= V_PLE).any() and (ids < V_PLE).any()
     assert front_end_diff(gemma3n, ours, ids) <= TOL
@@ -208,8 +212,9 @@ def gemma4_ids() -> torch.Tensor:
     return token_ids() % V_PLE
 
 
-def test_injection_matches_gemma4_decoder_layer(gemma4):
-    ours = ours_from(gemma4)
+@pytest.mark.parametrize("kernels", ["off", "on"])
+def test_injection_matches_gemma4_decoder_layer(gemma4, kernels):
+    ours = ours_from(gemma4, kernels)
     assert not torch.allclose(gemma4.layers[0].layer_scalar, torch.ones(1))
     ple_diff, out_diff, strength = gemma4_layer_diffs(gemma4, ours, gemma4_ids())
     assert ple_diff <= TOL

@@ -21,9 +21,10 @@ TOL_SDPA = 1e-6
 
 
 def config(tie: bool = True, **kw) -> ModelConfig:
+    """The reference path (kernels="off") unless a test asks for the CPU kernels."""
     base = dict(
         vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=32,
-        rope_theta=500.0, norm_eps=1e-5, tie_embeddings=tie, ffn=FFNConfig(intermediate_size=48),
+        rope_theta=500.0, norm_eps=1e-5, tie_embeddings=tie, ffn=FFNConfig(intermediate_size=48), kernels="off",
     )
     return ModelConfig(**{**base, **kw})
 
@@ -45,9 +46,10 @@ def ids(cfg: ModelConfig, T: int = 16) -> torch.Tensor:
     return torch.randint(0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(7))
 
 
+@pytest.mark.parametrize("kernels", ["off", "on"])
 @pytest.mark.parametrize("tie,attn,tol", [(True, "eager", TOL), (False, "eager", TOL), (True, "sdpa", TOL_SDPA)])
-def test_logits_match_llama(tie, attn, tol):
-    cfg = config(tie)
+def test_logits_match_llama(tie, attn, tol, kernels):
+    cfg = config(tie, kernels=kernels)
     hf = random_llama(cfg, attn=attn)
     assert hf.config._attn_implementation == attn
     assert hf.config.tie_word_embeddings == tie

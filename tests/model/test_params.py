@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from plelab.model import LanguageModel, count_params, load_model_config
+from plelab.model.config import FFN_KINDS, PLE_GATES
 from plelab.model.params import sweep_ple, with_ple_dim
 from plelab.model.presets import PRESETS
 
@@ -64,3 +65,13 @@ def test_analytic_count_equals_meta_model(preset, overrides):
     assert count_params(cfg)["total"] == built
     ple_built = sum(p.numel() for n, p in model.named_parameters() if "per_layer" in n or ".ple." in n)
     assert count_params(cfg)["ple_added"] == ple_built
+
+
+@pytest.mark.parametrize("kind", FFN_KINDS)
+@pytest.mark.parametrize("gate", PLE_GATES)
+def test_every_listed_ffn_kind_and_gate_builds_and_counts(kind, gate):
+    # The lists in plelab/model/config.py are the only ones: each entry must build, run and be counted.
+    cfg = load_model_config("tiny", [f"ffn.kind={kind}", "ffn.rank=8", f"ple.gate={gate}"])
+    model = LanguageModel(cfg)
+    assert count_params(cfg)["total"] == sum(p.numel() for p in model.parameters())
+    assert model(torch.tensor([[1, 2, 3]]))[0].shape == (1, 3, cfg.vocab_size)

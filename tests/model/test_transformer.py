@@ -1,4 +1,6 @@
-"""Behaviour of the language model: baseline equivalence, KV cache, PLE wiring, bad ids."""
+"""Behaviour of the language model: baseline equivalence, KV cache, PLE wiring, bad ids.
+
+Generation is tested with plelab/inference/generate.py (tests/inference/test_generate.py)."""
 
 from __future__ import annotations
 
@@ -67,29 +69,6 @@ def test_ple_ids_outside_ple_vocab_use_row_zero():
     ident = ple.identity(ids)
     assert torch.equal(ident[0, 0], ident[0, 1])
     assert not torch.equal(ident[0, 2], ident[0, 1])
-
-
-def test_generate_is_deterministic_at_temperature_zero():
-    model = tiny().eval()
-    ids = torch.randint(0, 256, (1, 5))
-    a = torch.cat(list(model.generate(ids, 8, temperature=0)), 1)
-    b = torch.cat(list(model.generate(ids, 8, temperature=0)), 1)
-    assert a.shape == (1, 8) and torch.equal(a, b)
-    # Greedy with the cache equals argmax of a full forward at each step.
-    seq = ids
-    for t in range(8):
-        nxt = model(seq)[0][:, -1].argmax(-1, keepdim=True)
-        assert torch.equal(nxt, a[:, t : t + 1])
-        seq = torch.cat([seq, nxt], 1)
-
-
-def test_top_k_one_is_greedy():
-    model = tiny().eval()
-    ids = torch.randint(0, 256, (1, 5))
-    g = torch.Generator().manual_seed(0)
-    a = torch.cat(list(model.generate(ids, 6, temperature=1.0, top_k=1, generator=g)), 1)
-    b = torch.cat(list(model.generate(ids, 6, temperature=0)), 1)
-    assert torch.equal(a, b)
 
 
 def test_gradients_reach_every_parameter():

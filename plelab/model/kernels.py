@@ -1,17 +1,103 @@
-"""Fused output-head + cross-entropy, computed in row chunks (a CPU speed path for training).
+"""CPU speed paths: the same functions as the reference model, with hand-written backward passes.
 
-The plain path materialises (N, V) logits, then log_softmax writes another (N, V), its backward a
-third (plus a zero-filled one), and the head's three GEMMs stream those through memory. Here each
-chunk of rows goes head GEMM -> softmax (in place into p - onehot) -> the two gradient GEMMs while its
-(chunk, V) block is still in cache, and the gradients are produced during the forward pass (the
-Liger-kernel / cut-cross-entropy idea), so backward only scales them. The loss is -log p[target]
-(exact log_softmax for a chunk where a target probability nearly underflows). Same math as
-`F.cross_entropy(h @ W.T, targets, ignore_index=...)` with mean reduction; no logits are returned.
+Switched on by `ModelConfig.kernels` ("auto" = on for a model built for the CPU, the only device they
+were measured on: `benchmarks/bench_train_step.py`). Each replaces one reference formula and is tested
+against it (tests/model/test_kernels.py):
+
+- `rms_norm`: plelab.model.norm.rms_norm. On CPU, the composite's autograd graph makes ~10 extra passes
+  over the activations; this saves only x and 1/rms and does 3 forward and ~7 backward passes.
+- `rope`: plelab.model.transformer.apply_rope. The gradient of a rotation is the inverse rotation, so
+  backward is one more rotation instead of the chunk/neg/cat graph (about half the passes over q and k).
+- `linear_cross_entropy`: F.cross_entropy(h @ W.T, targets). The plain path materialises (N, V) logits,
+  log_softmax another (N, V), its backward a third (plus a zero-filled one). Here each chunk of rows
+  goes head GEMM -> softmax (in place into p - onehot) -> the two gradient GEMMs while its (chunk, V)
+  block is still in cache, and the gradients are produced during the forward pass (the Liger-kernel /
+  cut-cross-entropy idea), so backward only scales them. No logits are returned.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
+
+from plelab.model.config import KernelsSetting
+
+
+def kernels_enabled(setting: KernelsSetting, device: torch.device | str | None = None) -> bool:
+    """Whether a model built for `device` (None = torch's default device) uses these kernels."""
+    if setting != "auto":
+        return setting == "on"
+    return torch.device(device if device is not None else torch.get_default_device()).type == "cpu"
+
+
+class _RMSNorm(torch.autograd.Function):
+    """RMSNorm whose forward is bit-identical to the reference in fp32; gradients agree to rounding."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf, wf = x.float(), weight.float()
+        rstd = torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * wf).to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xf, wf, g = x.float(), weight.float(), grad.float()
+        xhat = xf * rstd
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (g * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            gw = g * wf
+            # d/dx of x*rstd: rstd * (gw - xhat * mean(gw * xhat)).
+            dot = torch.mean(gw * xhat, dim=-1, keepdim=True)
+            grad_x = torch.addcmul(gw, xhat, dot, value=-1).mul_(rstd).to(x.dtype)
+        return grad_x, grad_w, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x * rsqrt(mean(x^2) + eps) * w` in fp32 with a hand-written backward."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    # x*cos + cat(-x2, x1)*sin without materialising the rotated copy (sign=-1: the transpose).
+    # Products are rounded before the add (no addcmul/FMA) so results are bit-identical to the
+    # reference formula.
+    half = x.shape[-1] // 2
+    out = x * cos  # in the promoted dtype (fp32 tables): cast once at the end, as the reference does
+    x1, x2 = x[..., :half], x[..., half:]
+    lo, hi = out[..., :half], out[..., half:]
+    if sign > 0:
+        lo.sub_(x2 * sin[..., :half])
+        hi.add_(x1 * sin[..., half:])
+    else:
+        lo.add_(x2 * sin[..., :half])
+        hi.sub_(x1 * sin[..., half:])
+    return out.to(x.dtype)
+
+
+class _RoPE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, sign=-1.0), None, None
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (..., T, D) by position, bit-identical to the reference; backward is the inverse rotation."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _RoPE.apply(x, cos, sin)
+    return _rotate(x, cos, sin)
+
 
 # Below this a target probability's log loses precision (fp32 normal range ends near 1e-38).
 _TINY = 1e-30
