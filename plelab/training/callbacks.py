@@ -1,17 +1,34 @@
-"""Trainer callbacks: the extension point for logging, diagnostics and monitors (as in OLMo-core).
+"""Trainer callbacks: the extension point for checkpoints, evaluation, progress, logging and monitors.
 
-The trainer calls these hooks; a callback reads `trainer.model`, `trainer.optimizer`, `trainer.step`,
-`trainer.config`, `trainer.run_dir` and may add keys to the `metrics` dict it is handed, which the
-trainer then appends to RUN_DIR/metrics.jsonl as one JSON object per line.
+The trainer's loop only computes steps; everything else hangs on these hooks. A callback reads
+`trainer.model`, `trainer.optimizer`, `trainer.step`, `trainer.config`, `trainer.run_dir` and may add keys
+to the `metrics` dict it is handed in `on_step_end`, which the trainer then appends to
+RUN_DIR/metrics.jsonl as one JSON object per line. Per step the order is:
+
+    on_after_backward -> (clip, optimizer step) -> on_step_end -> metrics.jsonl line -> on_step_logged
+
+Callbacks run in list order. A callback's `state_dict` is saved in every checkpoint under its `name`,
+so adding, removing or reordering callbacks between a run and its resume is safe.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from plelab.errors import PlelabError
+
+
+class TrainingStopped(PlelabError):
+    """Training stopped on purpose (non-finite losses, disk full, ...); the message says which checkpoints exist."""
+
 
 class Callback:
     """Base class: override the hooks you need; every hook is a no-op by default."""
+
+    @property
+    def name(self) -> str:
+        """Key of this callback's state in checkpoints; override when one run holds two of a kind."""
+        return type(self).__name__
 
     def on_train_start(self, trainer: Any) -> None:
         """Once, after the model, optimizer and (on resume) state are ready, before the first step."""
@@ -20,7 +37,10 @@ class Callback:
         """After the last micro-batch's backward, before clipping and the optimizer step: gradients exist."""
 
     def on_step_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
-        """After the optimizer step; `metrics` (step, loss, lr, ...) is about to be logged."""
+        """After the optimizer step; `metrics` (step, loss, lr, step_time, ...) is about to be logged."""
+
+    def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        """After the step's metrics line was written: the place for progress lines, evaluations, checkpoints."""
 
     def on_eval(self, trainer: Any, results: dict[str, Any]) -> None:
         """After an evaluation; `results` is the evaluation JSON (domains, macro)."""
@@ -37,3 +57,13 @@ class Callback:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
+
+
+def unique_names(callbacks: list[Callback]) -> list[str]:
+    """Each callback's state key: its name, with `#2`, `#3`, ... for later callbacks of the same name."""
+    seen: dict[str, int] = {}
+    names = []
+    for cb in callbacks:
+        seen[cb.name] = seen.get(cb.name, 0) + 1
+        names.append(cb.name if seen[cb.name] == 1 else f"{cb.name}#{seen[cb.name]}")
+    return names

@@ -11,24 +11,29 @@ Layout of one checkpoint directory (`RUN_DIR/checkpoints/step_00000100/`):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from plelab.errors import PlelabError
-from plelab.model.config import ModelConfig
 from plelab.model.ffn import pack_mask, unpack_mask
 from plelab.model.transformer import LanguageModel
-from plelab.util.dataclass_config import ConfigError, from_dict, to_dict
+from plelab.util.dataclass_config import to_dict
 from plelab.util.fs import atomic_write_bytes, fsync_dir, sha256_file
 
 __all__ = ["atomic_write_bytes", "sha256_file"]  # re-exported: other modules import them from here
+
+DELETING_SUFFIX = ".deleting"
+"""A pruned checkpoint is renamed to `.step_N.deleting` before its files are removed."""
 
 
 class CheckpointError(PlelabError):
@@ -55,7 +60,8 @@ def save_checkpoint(
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         if state is None:
             weights = pack_mask_weights(weights)
-        save_file(weights, str(tmp / "model.safetensors"))
+        with _write_errors_as_oserror(tmp / "model.safetensors"):
+            save_file(weights, str(tmp / "model.safetensors"))
         files = ["model.safetensors", "config.json"]
         tok_hash = None
         if tokenizer is not None:
@@ -66,7 +72,8 @@ def save_checkpoint(
             json.dumps({"model": to_dict(model.config), "train": train_config, "tokenizer": tok_hash}, indent=2)
         )
         if state is not None:
-            torch.save(state, tmp / "state.pt")
+            with _write_errors_as_oserror(tmp / "state.pt"):
+                torch.save(state, tmp / "state.pt")
             files.append("state.pt")
         for name in files:
             _fsync_file(tmp / name)
@@ -81,6 +88,24 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ckpt_dir
+
+
+_WRITE_FAILURE = ("PytorchStreamWriter", "inline_container", "file write failed", "I/O error")
+"""Markers of torch.save's zip writer (RuntimeError) and safetensors (SafetensorError) failing to write."""
+
+
+@contextlib.contextmanager
+def _write_errors_as_oserror(path: Path):
+    """Turn the writers' own exception types for a failed write (disk full, I/O error) into OSError."""
+    try:
+        yield
+    except (RuntimeError, SafetensorError) as exc:
+        text = str(exc).strip()
+        if not any(marker in text for marker in _WRITE_FAILURE):
+            raise
+        code = re.search(r"os error (\d+)", text)  # safetensors names the errno; torch does not
+        raise OSError(int(code.group(1)) if code else None,
+                      f"could not write {path.name}: {text.splitlines()[-1]}") from exc
 
 
 def pack_mask_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -114,15 +139,12 @@ def verify_checkpoint(ckpt_dir: Path) -> dict[str, Any]:
     mpath = ckpt_dir / "manifest.json"
     if not mpath.is_file():
         raise CheckpointError(f"{ckpt_dir} is not a complete checkpoint (no manifest.json)")
-    try:
-        manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{mpath} is corrupt: {exc}") from exc
+    manifest = read_checkpoint_json(mpath)
     for name, meta in manifest.items():
         f = ckpt_dir / name
         if not f.is_file():
             raise CheckpointError(f"{ckpt_dir}: {name} is missing")
-        if f.stat().st_size != meta["bytes"] or sha256_file(f) != meta["sha256"]:
+        if not isinstance(meta, dict) or f.stat().st_size != meta.get("bytes") or sha256_file(f) != meta.get("sha256"):
             raise CheckpointError(f"{ckpt_dir}: {name} fails its checksum (corrupt or truncated)")
     return manifest
 
@@ -148,28 +170,35 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     """The config.json of a checkpoint (or of a run dir's newest checkpoint)."""
-    ckpt = resolve_checkpoint(path)
-    return json.loads((ckpt / "config.json").read_text())
+    return read_checkpoint_json(resolve_checkpoint(path) / "config.json")
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> tuple[LanguageModel, dict]:
-    """Load (model, config.json dict) from a checkpoint or run dir, checksums verified first."""
-    ckpt = resolve_checkpoint(path)
-    if verify:
-        verify_checkpoint(ckpt)
-    meta = json.loads((ckpt / "config.json").read_text())
+def read_checkpoint_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file (config or manifest); unreadable or non-UTF-8 content is a CheckpointError."""
     try:
-        cfg = from_dict(ModelConfig, meta["model"])
-    except (ConfigError, KeyError) as exc:
-        raise CheckpointError(f"{ckpt}/config.json has an invalid model config: {exc}") from exc
-    with torch.device("meta"):
-        model = LanguageModel(cfg)
-    model.load_state_dict(read_weights(ckpt, model, device), assign=True)
-    # Non-persistent buffers (RoPE tables) were created on meta; rebuild them for real.
-    fresh = LanguageModel.rope_buffers(cfg, device)
-    model.rope_cos, model.rope_sin = fresh
-    model.checkpoint_dir = ckpt
-    return model.to(device).eval(), meta
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is corrupt: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is corrupt: not a JSON object")
+    return data
+
+
+def newest_verified_checkpoint(run_dir: str | Path) -> tuple[Path, list[str]]:
+    """The newest checkpoint of a run that passes its checksums, and one note per newer one skipped (and why)."""
+    ckpts = Path(run_dir) / "checkpoints"
+    found = sorted((p for p in ckpts.glob("step_*") if (p / "manifest.json").is_file()), reverse=True)
+    skipped = []
+    for ckpt in found:
+        try:
+            verify_checkpoint(ckpt)
+        except CheckpointError as exc:
+            skipped.append(f"skipping {ckpt.name}: {exc}")
+            continue
+        return ckpt, skipped
+    if skipped:
+        raise CheckpointError(f"no intact checkpoint in {ckpts}: " + "; ".join(skipped))
+    raise CheckpointError(f"{run_dir} holds no complete checkpoint")
 
 
 def read_weights(ckpt: Path, model: LanguageModel, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -194,6 +223,29 @@ def prune_checkpoints(ckpts_dir: Path, keep: int) -> None:
     ckpts_dir = Path(ckpts_dir)
     done = sorted(p for p in ckpts_dir.glob("step_*") if (p / "manifest.json").is_file())
     for old in done[: max(0, len(done) - keep)]:
-        shutil.rmtree(old, ignore_errors=True)
-    for tmp in ckpts_dir.glob(".step_*.tmp*"):
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Renamed first, so that a kill during the delete leaves a marked leftover, never a half checkpoint.
+        doomed = old.with_name(f".{old.name}{DELETING_SUFFIX}")
+        os.replace(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    remove_leftovers(ckpts_dir)
+
+
+def remove_leftovers(ckpts_dir: Path) -> list[Path]:
+    """Remove what killed writers and pruners leave behind; call only while holding the run's lock.
+
+    Provably incomplete: temp dirs of `save_checkpoint`, dirs renamed for deletion, temp files of
+    `atomic_write_bytes`, and `step_*` dirs without manifest.json (a checkpoint is renamed into place only
+    after its manifest is written, so such a dir can only be one whose deletion was cut short).
+    """
+    ckpts_dir = Path(ckpts_dir)
+    if not ckpts_dir.is_dir():
+        return []
+    stale = [*ckpts_dir.glob(".step_*.tmp*"), *ckpts_dir.glob(f".step_*{DELETING_SUFFIX}"),
+             *ckpts_dir.glob(".LATEST.*.tmp"),
+             *(p for p in ckpts_dir.glob("step_*") if p.is_dir() and not (p / "manifest.json").exists())]
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale

@@ -46,7 +46,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     sparse_ple: bool = True
-    """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP."""
+    """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP. Sets the
+    model's ple.sparse_grad when the run builds it (plelab.training.optim.model_config_for)."""
     seed: int = 1337
     """Seed for initialisation, data order and sampling."""
     device: str = "auto"

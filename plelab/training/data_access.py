@@ -1,4 +1,4 @@
-"""What the trainer and evaluators need from plelab.data: batches on the device, the tokenizer, eval domains."""
+"""What the trainer needs from plelab.data: batches on the device, the tokenizer file, evaluation domains."""
 
 from __future__ import annotations
 
@@ -12,27 +12,6 @@ from plelab.data.loader import BatchLoader, TokenDataset
 from plelab.data.prepare import EvalDomain, load_eval_domains
 from plelab.data.tokenizer import Tokenizer
 from plelab.errors import PlelabError
-
-
-def checkpoint_tokenizer(ckpt_dir: str | Path, vocab_size: int) -> Tokenizer:
-    """The tokenizer saved with a checkpoint, checked against the model's vocabulary."""
-    path = Path(ckpt_dir) / "tokenizer.json"
-    if not path.is_file():
-        raise PlelabError(f"{ckpt_dir} has no tokenizer.json; cannot turn text into this model's token ids")
-    tok = Tokenizer.load(path)
-    if tok.vocab_size > vocab_size:
-        raise PlelabError(
-            f"tokenizer/model vocab mismatch: tokenizer has {tok.vocab_size} ids, model only {vocab_size}"
-        )
-    return tok
-
-
-def load_for_inference(path: str | Path, device: torch.device) -> tuple[Any, Tokenizer]:
-    """(model in eval mode, its tokenizer) from a run dir or checkpoint, checksums verified."""
-    from plelab.training.checkpoint import load_model
-
-    model, _ = load_model(path, device=device)
-    return model, checkpoint_tokenizer(model.checkpoint_dir, model.config.vocab_size)
 
 
 def split_as_domain(dataset: TokenDataset, max_tokens: int, name: str = "val") -> EvalDomain:

@@ -15,7 +15,15 @@ import torch
 
 from plelab.data.loader import eval_batches
 from plelab.data.prepare import EvalDomain
+from plelab.errors import PlelabError
 from plelab.model.transformer import LanguageModel
+
+
+def check_seq_len(seq_len: int, max_seq_len: int) -> int:
+    """`seq_len` (0 = the model's context), refused beyond the context the model was built for."""
+    if seq_len > max_seq_len:
+        raise PlelabError(f"--seq-len {seq_len} is beyond the model's context of {max_seq_len} tokens")
+    return seq_len or max_seq_len
 
 
 @torch.no_grad()

@@ -1,13 +1,13 @@
-"""The training loop: micro-batches, AdamW + lazy sparse Adam, warmup-cosine, clipping, checkpoints, resume.
+"""The training loop: micro-batches, AdamW + lazy sparse Adam, warmup-cosine, clipping, exact resume.
 
-The model knows nothing of this file; everything optional (diagnostics, TensorBoard, W&B) hangs on
-callbacks. A run directory holds config.json, metrics.jsonl, checkpoints/ and whatever callbacks write.
+The loop computes steps and owns the state a checkpoint must hold; everything else (speed/MFU, console
+progress, evaluation, checkpoint cadence, TensorBoard, W&B, PLE diagnostics) is a callback, built from the
+config by `plelab.training.callback_factory.callbacks_for`. The run directory is locked, checked and
+cleaned by `plelab.training.run_dir`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import math
 import random
@@ -19,53 +19,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from plelab.errors import PlelabError
+from plelab.inference.device import autocast_context, pick_device
 from plelab.model.transformer import LanguageModel
-from plelab.training.callbacks import Callback
+from plelab.training import run_dir as rd
+from plelab.training.callback_factory import callbacks_for
+from plelab.training.callbacks import Callback, TrainingStopped, unique_names
 from plelab.training.checkpoint import (
-    atomic_write_bytes,
+    CheckpointError,
     load_training_state,
-    prune_checkpoints,
+    newest_verified_checkpoint,
+    read_checkpoint_json,
     read_weights,
-    resolve_checkpoint,
-    save_checkpoint,
-    verify_checkpoint,
+    remove_leftovers,
 )
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.training.data_access import TrainingData
-from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token
-from plelab.training.optim import Optimizer, grad_norm_and_clip, lr_at
+from plelab.training.optim import Optimizer, grad_norm_and_clip, lr_at, model_config_for
+from plelab.training.standard_callbacks import Checkpointer, Evaluator, existing_checkpoints
+from plelab.util.fs import check_output_path
 
-
-class TrainingStopped(PlelabError):
-    """Training stopped on purpose (too many non-finite losses, disk full, ...); checkpoints are intact."""
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    """cuda if present, then mps, else cpu; or the named device."""
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def autocast_context(device: torch.device, dtype: str):
-    """bf16 autocast where the hardware has it (or when asked), otherwise a no-op context."""
-    use_bf16 = dtype == "bf16" or (
-        dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    )
-    if use_bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def format_eta(seconds: float) -> str:
-    """h:mm:ss for progress lines."""
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+__all__ = ["Trainer", "TrainingStopped"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -86,7 +59,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Trainer:
-    """Runs one training job into `run_dir`; `run()` returns the final metrics."""
+    """Runs one training job into `run_dir`; `run()` returns the final metrics.
+
+    callbacks: added after those the config asks for (see `callbacks_for`). resume: continue from the newest
+    intact checkpoint, or start at step 0 when there is none yet (a folder prepared by a sweep). overwrite:
+    replace a different run or foreign files in `run_dir` instead of refusing.
+    """
 
     def __init__(
         self,
@@ -95,12 +73,14 @@ class Trainer:
         callbacks: list[Callback] | None = None,
         resume: bool = False,
         quiet: bool = False,
+        overwrite: bool = False,
     ):
         self.config = cfg
-        self.run_dir = Path(run_dir)
-        self.callbacks = list(callbacks or [])
+        self.run_dir = check_output_path(run_dir, is_dir=True, overwrite=True)
         self.quiet = quiet
         self.device = pick_device(cfg.device)
+        self.callbacks = [*callbacks_for(cfg, note=self.log_line), *(callbacks or [])]
+        self.checkpointer = next(cb for cb in self.callbacks if isinstance(cb, Checkpointer))
         self.total_steps = cfg.max_steps
         self.step = 0
         self.bad_steps = 0
@@ -108,50 +88,67 @@ class Trainer:
         self.tokens_seen = 0
         self.last_eval: dict[str, Any] | None = None
         self._stop_signal: int | None = None
+        self.metrics_path = self.run_dir / rd.METRICS_FILE
 
-        self.data = TrainingData(cfg, self.device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        self.model = LanguageModel(cfg.model).to(self.device)
-        self.optimizer = Optimizer(self.model, cfg)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.flops_per_token = train_flops_per_token(cfg.model, cfg.context)
-        self.peak_flops = measure_matmul_peak(seconds=0.3) if self.device.type == "cpu" else None
-        self.metrics_path = self.run_dir / "metrics.jsonl"
-        if resume:
-            self._resume()
-        else:
-            self._start_fresh()
+        self._lock: rd.RunLock | None = rd.RunLock(self.run_dir)
+        try:
+            removed = remove_leftovers(self.run_dir / "checkpoints")  # safe: we hold the lock
+            if removed:
+                self.log_line(f"removed {len(removed)} leftover(s) of an interrupted run: "
+                              + ", ".join(p.name for p in removed))
+            self.data = TrainingData(cfg, self.device)
+            torch.manual_seed(cfg.seed)
+            random.seed(cfg.seed)
+            np.random.seed(cfg.seed)
+            self.model = LanguageModel(model_config_for(cfg), device=self.device)
+            self.optimizer = Optimizer(self.model, cfg)
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+            if resume:
+                self._resume()
+            else:
+                self._start_fresh(overwrite)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the run directory (done by `run()`; call it when a Trainer is built but not run)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ----------------------------------------------------------------- set-up and resume
-    def _start_fresh(self) -> None:
-        if (self.run_dir / "checkpoints").is_dir() and any((self.run_dir / "checkpoints").glob("step_*")):
-            raise PlelabError(f"{self.run_dir} already holds a run; use --resume to continue it or pick a new --out")
-        (self.run_dir / "config.json").write_text(json.dumps(train_config_dict(self.config), indent=2))
+    def _start_fresh(self, overwrite: bool = False) -> None:
+        config = train_config_dict(self.config)
+        rd.claim_fresh_run_dir(self.run_dir, config, overwrite)
+        rd.record_config(self.run_dir, config, 0, {})
         self.metrics_path.write_text("")
 
     def _resume(self) -> None:
+        config = train_config_dict(self.config)
         try:
-            ckpt = resolve_checkpoint(self.run_dir)
-        except PlelabError:
-            self.log_line(f"no checkpoint in {self.run_dir}; starting from scratch")
-            self._start_fresh()
+            ckpt, skipped = newest_verified_checkpoint(self.run_dir)
+        except CheckpointError:
+            if any((self.run_dir / "checkpoints").glob("step_*")):
+                raise  # checkpoints exist but none is intact: never silently start over
+            config_file = self.run_dir / rd.CONFIG_FILE
+            rd.resume_changes(read_checkpoint_json(config_file) if config_file.is_file() else config, config)
+            self.log_line(f"no checkpoint in {self.run_dir} yet; starting at step 0")
+            rd.record_config(self.run_dir, config, 0, {})
+            self.metrics_path.write_text("")
             return
-        verify_checkpoint(ckpt)
-        self.model.load_state_dict(read_weights(ckpt, self.model, self.device))
+        for note in skipped:
+            self.log_line(note)
+        saved = read_checkpoint_json(ckpt / "config.json").get("train") or {}
+        changes = rd.resume_changes(saved, config)
         state = load_training_state(ckpt)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.data.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
-        self.step = state["step"]
-        self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
-        self.tokens_seen = state["tokens_seen"]
-        for cb, cb_state in zip(self.callbacks, state.get("callbacks", []), strict=False):
-            cb.load_state_dict(cb_state)
+        self.model.load_state_dict(read_weights(ckpt, self.model, self.device))
+        self.load_state_dict(state)
+        rd.record_config(self.run_dir, config, self.step, changes)
         self._truncate_metrics(self.step)
-        self.log_line(f"resumed from {ckpt} at step {self.step}")
+        changed = "".join(f"; {k} {v['old']!r} -> {v['new']!r}" for k, v in changes.items())
+        self.log_line(f"resumed from {ckpt} at step {self.step}{changed}")
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
@@ -166,7 +163,38 @@ class Trainer:
                 continue  # a line cut by a kill
         self.metrics_path.write_text("".join(k + "\n" for k in keep))
 
-    # ----------------------------------------------------------------- logging
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything besides the weights that an exact resume needs; callback states keyed by name."""
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "data": self.data.state_dict(),
+            "rng": rng_state(),
+            "bad_steps": self.bad_steps,
+            "skipped_steps": self.skipped_steps,
+            "tokens_seen": self.tokens_seen,
+            "callbacks": {
+                n: cb.state_dict() for n, cb in zip(unique_names(self.callbacks), self.callbacks, strict=True)
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned; callbacks absent from the checkpoint keep their fresh state."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.data.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
+        self.tokens_seen = state["tokens_seen"]
+        saved = state.get("callbacks", {})
+        if isinstance(saved, list):  # checkpoints written before callback states were keyed by name
+            saved = dict(zip(unique_names(self.callbacks), saved, strict=False))
+        for name, cb in zip(unique_names(self.callbacks), self.callbacks, strict=True):
+            if name in saved:
+                cb.load_state_dict(saved[name])
+
+    # ----------------------------------------------------------------- logging and callbacks
     def log_line(self, text: str) -> None:
         """Progress line on stdout (unless quiet)."""
         if not self.quiet:
@@ -177,57 +205,19 @@ class Trainer:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
 
-    # ----------------------------------------------------------------- checkpoints
+    def dispatch(self, hook: str, *args: Any) -> None:
+        """Call `hook(self, *args)` on every callback, in order."""
+        for cb in self.callbacks:
+            getattr(cb, hook)(self, *args)
+
     def save(self) -> Path:
-        """Write a checkpoint of the current step (atomic) and prune old ones."""
-        state = {
-            "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
-            "data": self.data.state_dict(),
-            "rng": rng_state(),
-            "bad_steps": self.bad_steps,
-            "skipped_steps": self.skipped_steps,
-            "tokens_seen": self.tokens_seen,
-            "callbacks": [cb.state_dict() for cb in self.callbacks],
-        }
-        ckpts = self.run_dir / "checkpoints"
-        name = f"step_{self.step:08d}"
-        try:
-            path = save_checkpoint(
-                ckpts / name, self.model, train_config_dict(self.config), state, self.data.tokenizer_path
-            )
-            atomic_write_bytes(ckpts / "LATEST", name.encode())
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise TrainingStopped(
-                    f"disk full while writing checkpoint {name}; the previous checkpoint is intact, "
-                    "free space and rerun with --resume"
-                ) from exc
-            raise
-        prune_checkpoints(ckpts, self.config.keep_checkpoints)
-        for cb in self.callbacks:
-            cb.on_checkpoint(self, path)
-        return path
+        """Write a checkpoint of the current step now (the Checkpointer callback does it on its cadence)."""
+        return self.checkpointer.save(self)
 
-    # ----------------------------------------------------------------- evaluation
     def evaluate(self, max_tokens: int | None = None) -> dict[str, Any] | None:
-        """Per-domain loss and bits per byte on eval_data (None when there is none)."""
-        if not self.data.eval_domains:
-            return None
-        from plelab.training.evaluate import evaluate_domains
-
-        results = evaluate_domains(
-            self.model, self.data.eval_domains, self.config.context, self.config.batch_size,
-            max_tokens=max_tokens, autocast=autocast_context(self.device, self.config.dtype),
-        )
-        self.last_eval = results
-        self.log_metrics({"step": self.step, "eval": results})
-        for cb in self.callbacks:
-            cb.on_eval(self, results)
-        self.log_line(
-            f"eval step {self.step}: macro loss {results['macro']['loss']:.4f} bpb {results['macro']['bpb']:.4f}"
-        )
-        return results
+        """Evaluate now on the run's evaluation data (None when there is none)."""
+        evaluator = next(cb for cb in self.callbacks if isinstance(cb, Evaluator))
+        return evaluator.evaluate(self, max_tokens)
 
     # ----------------------------------------------------------------- the loop
     def _handle_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
@@ -250,8 +240,7 @@ class Trainer:
         if not math.isfinite(total):
             self.optimizer.zero_grad()
             return None
-        for cb in self.callbacks:
-            cb.on_after_backward(self, metrics)
+        self.dispatch("on_after_backward", metrics)
         gnorm = grad_norm_and_clip(self.params, cfg.grad_clip)
         if not math.isfinite(gnorm):
             self.optimizer.zero_grad()
@@ -261,74 +250,55 @@ class Trainer:
         metrics["grad_norm"] = gnorm
         return metrics
 
+    def _skip_step(self) -> None:
+        self.bad_steps += 1
+        self.skipped_steps += 1
+        self.step += 1
+        self.log_metrics({"step": self.step, "loss": None, "skipped": "non-finite loss or gradient"})
+        self.log_line(f"step {self.step}: non-finite loss, step skipped ({self.bad_steps} in a row)")
+        if self.bad_steps >= self.config.max_bad_steps:
+            raise TrainingStopped(
+                f"{self.bad_steps} non-finite losses in a row at step {self.step}; "
+                f"{existing_checkpoints(self.run_dir)} (lower lr or check the data)"
+            )
+
     def run(self) -> dict[str, Any]:
         """Train to max_steps (resumable at any moment); returns the last step's metrics and final eval."""
         cfg = self.config
         old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        for cb in self.callbacks:
-            cb.on_train_start(self)
-        self.log_line(
-            f"training {cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens on {self.device} "
-            f"({sum(p.numel() for p in self.model.parameters()):,} params) -> {self.run_dir}"
-        )
         last: dict[str, Any] = {}
-        t_start, steps_timed = time.perf_counter(), 0
         try:
+            self.dispatch("on_train_start")
             while self.step < cfg.max_steps:
                 t0 = time.perf_counter()
                 metrics = self.train_step()
                 if metrics is None:
-                    self.bad_steps += 1
-                    self.skipped_steps += 1
+                    self._skip_step()
+                else:
+                    self.bad_steps = 0
                     self.step += 1
-                    self.log_metrics({"step": self.step, "loss": None, "skipped": "non-finite loss or gradient"})
-                    self.log_line(f"step {self.step}: non-finite loss, step skipped ({self.bad_steps} in a row)")
-                    if self.bad_steps >= cfg.max_bad_steps:
-                        raise TrainingStopped(
-                            f"{self.bad_steps} non-finite losses in a row at step {self.step}; "
-                            f"stopping with the last good checkpoint intact in {self.run_dir / 'checkpoints'} "
-                            "(lower lr or check the data)"
-                        )
-                    continue
-                self.bad_steps = 0
-                self.step += 1
-                self.tokens_seen += cfg.tokens_per_step
-                dt = time.perf_counter() - t0
-                steps_timed += 1
-                tok_s = cfg.tokens_per_step / dt
-                metrics.update(tokens=self.tokens_seen, tokens_per_s=tok_s, step_time=dt)
-                if self.peak_flops:
-                    metrics["mfu"] = mfu(tok_s, cfg.model, self.peak_flops, seq_len=cfg.context)
-                for cb in self.callbacks:
-                    cb.on_step_end(self, metrics)
-                self.log_metrics(metrics)
-                last = metrics
-                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                    if self.peak_flops:
-                        # The peak measured at start-up may have been under load: keep the best seen so far,
-                        # so MFU converges to the true fraction instead of overshooting 100 %.
-                        self.peak_flops = max(self.peak_flops, measure_matmul_peak(size=512, seconds=0.05))
-                    elapsed = time.perf_counter() - t_start
-                    eta = elapsed / steps_timed * (cfg.max_steps - self.step)
-                    mfu_txt = f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
-                    self.log_line(
-                        f"step {self.step}/{cfg.max_steps} loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} "
-                        f"gnorm {metrics['grad_norm']:.2f} {tok_s:,.0f} tok/s{mfu_txt} eta {format_eta(eta)}"
-                    )
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
-                    self.evaluate(cfg.eval_tokens)
-                if self.step % cfg.ckpt_every == 0 or self.step == cfg.max_steps:
-                    self.save()
+                    self.tokens_seen += cfg.tokens_per_step
+                    metrics.update(tokens=self.tokens_seen, step_time=time.perf_counter() - t0)
+                    self.dispatch("on_step_end", metrics)
+                    self.log_metrics(metrics)
+                    self.dispatch("on_step_logged", metrics)
+                    last = metrics
                 if self._stop_signal is not None:
                     self.save()
                     raise KeyboardInterrupt
+            if self.bad_steps:
+                # Skipped steps leave no checkpoint behind: the run did not reach max_steps in a usable state.
+                raise TrainingStopped(
+                    f"the last {self.bad_steps} step(s) up to step {self.step} had non-finite losses, so the run "
+                    f"has no final checkpoint; {existing_checkpoints(self.run_dir)} (lower lr or check the data)"
+                )
+            self.dispatch("on_train_end")
         except KeyboardInterrupt:
             self.log_line(f"interrupted at step {self.step}; checkpoint saved, continue with --resume")
             raise
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-        last["final_eval"] = self.evaluate(cfg.eval_tokens)
-        for cb in self.callbacks:
-            cb.on_train_end(self)
+            self.close()
+        last["final_eval"] = self.last_eval
         return last

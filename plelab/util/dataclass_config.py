@@ -8,10 +8,12 @@ which `field_docs` reads back so `--help` and error messages can quote them.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
 import json
+import math
 import textwrap
 import types
 import typing
@@ -114,14 +116,18 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
                 pass
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if hint is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value.replace("_", ""))
+        if number is None:
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        # TOML, YAML and JSON (as Python parses it) all accept nan/inf; no config field means either.
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if hint is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
@@ -191,7 +197,10 @@ def read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":

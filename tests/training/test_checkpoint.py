@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plelab.inference.load import load_model
 from plelab.model import LanguageModel, load_model_config
-from plelab.training.checkpoint import CheckpointError, load_model, save_checkpoint
+from plelab.training.checkpoint import CheckpointError, save_checkpoint
 
 
 def test_round_trip_and_corruption(tmp_path):

@@ -20,6 +20,8 @@ from plelab.training.config import load_train_config
 from plelab.training.trainer import Trainer, TrainingStopped
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+DISK_FULL = "/dev/full"  # every write fails with ENOSPC: torch.save then raises its RuntimeError form
+needs_dev_full = pytest.mark.skipif(not os.path.exists(DISK_FULL), reason="needs /dev/full (Linux)")
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -104,33 +106,101 @@ def test_too_many_non_finite_losses_stop_with_the_last_checkpoint_intact(setup):
     trainer.model.forward = poisoned
     with pytest.raises(TrainingStopped, match="non-finite losses in a row"):
         trainer.run()
-    from plelab.training.checkpoint import load_model, resolve_checkpoint
+    from plelab.inference.load import load_model
+    from plelab.training.checkpoint import resolve_checkpoint
 
     assert resolve_checkpoint(setup / "run").name == "step_00000004"
     model, _ = load_model(setup / "run")  # checksums verified
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_disk_full_while_checkpointing_is_a_clear_stop(setup, monkeypatch):
+def test_non_finite_last_steps_are_an_error_that_names_the_checkpoint_that_exists(setup):
+    cfg = load_train_config(write_config(setup, max_steps=8, ckpt_every=4, max_bad_steps=5))
+    trainer = Trainer(cfg, setup / "run", quiet=True)
+    real_forward = trainer.model.forward
+
+    def poisoned(x, y=None, cache=None, **kw):
+        logits, loss = real_forward(x, y, cache, **kw)
+        return logits, loss * (float("nan") if trainer.step >= 6 else 1.0)
+
+    trainer.model.forward = poisoned
+    with pytest.raises(TrainingStopped, match="last 2 step.*no final checkpoint.*step_00000004"):
+        trainer.run()
+
+
+def test_a_stop_before_any_checkpoint_says_there_is_none(setup):
+    cfg = load_train_config(write_config(setup, max_steps=20, ckpt_every=10, max_bad_steps=3))
+    trainer = Trainer(cfg, setup / "run", quiet=True)
+    real_forward = trainer.model.forward
+
+    def poisoned(x, y=None, cache=None, **kw):
+        logits, loss = real_forward(x, y, cache, **kw)
+        return logits, loss * float("inf")
+
+    trainer.model.forward = poisoned
+    with pytest.raises(TrainingStopped, match="no intact checkpoint exists"):
+        trainer.run()
+
+
+@pytest.mark.parametrize("form", ["oserror", "safetensors_error", pytest.param("torch_runtime_error",
+                                                                             marks=needs_dev_full)])
+def test_disk_full_while_checkpointing_is_a_clear_stop(setup, monkeypatch, form):
     cfg = load_train_config(write_config(setup, max_steps=8, ckpt_every=4))
     trainer = Trainer(cfg, setup / "run", quiet=True)
     import plelab.training.checkpoint as ck
 
-    real_save = ck.save_file
+    name = "save" if form == "torch_runtime_error" else "save_file"
+    module = ck.torch if form == "torch_runtime_error" else ck
+    real_save = getattr(module, name)
     calls = {"n": 0}
 
     def flaky_save(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            if form == "oserror":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            if form == "safetensors_error":  # what safetensors raises on a full disk, verbatim
+                raise ck.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+            return real_save(args[0], DISK_FULL)  # torch's own RuntimeError for a full disk
         return real_save(*args, **kwargs)
 
-    monkeypatch.setattr(ck, "save_file", flaky_save)
-    with pytest.raises(TrainingStopped, match="disk full"):
+    monkeypatch.setattr(module, name, flaky_save)
+    with pytest.raises(TrainingStopped, match="writ.* checkpoint step_00000008.*step_00000004") as info:
         trainer.run()
+    assert "disk full" in str(info.value) and "\n" not in str(info.value)
     ckpts = setup / "run" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".")) == ["LATEST", "step_00000004"]
+    assert (ckpts / "LATEST").read_text() == "step_00000004"
     assert not [p for p in ckpts.iterdir() if p.name.startswith(".")]  # no half-written temp dir left
+
+
+@needs_dev_full
+def test_disk_full_in_the_cli_is_one_line_and_exit_2(setup, monkeypatch, capsys):
+    import plelab.training.checkpoint as ck
+    from plelab.cli.main import main
+
+    real_save = ck.torch.save
+    monkeypatch.setattr(ck.torch, "save", lambda obj, path: real_save(obj, DISK_FULL))
+    assert main(["train", str(write_config(setup, max_steps=4)), "--out", str(setup / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "disk full" in err and "no intact checkpoint" in err, err
+
+
+@pytest.mark.parametrize("override", ["model.rope_theta=inf", "weight_decay=nan", "lr=Infinity", "beta1=-inf"])
+def test_non_finite_config_values_fail_validation(setup, override):
+    from plelab.util.dataclass_config import ConfigError
+
+    with pytest.raises(ConfigError, match="finite"):
+        load_train_config(write_config(setup), [override])
+
+
+def test_non_finite_values_in_a_config_file_fail_validation(setup):
+    from plelab.util.dataclass_config import ConfigError
+
+    path = write_config(setup)
+    path.write_text(path.read_text().replace("lr = ", "min_lr_ratio = nan\nlr = "))
+    with pytest.raises(ConfigError, match="min_lr_ratio: expected a finite number"):
+        load_train_config(path)
 
 
 def test_cli_bad_inputs_are_one_line(setup):

@@ -1,0 +1,135 @@
+"""The run directory: one writer at a time (a lock), never someone else's folder, and a record of config changes.
+
+A run directory holds config.json (the config in force), metrics.jsonl, checkpoints/, config_history.jsonl
+(one line per resume that changed a setting) and whatever callbacks write. `.train.lock` is held (flock,
+released by the OS even on kill -9) by the one process training into it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from plelab.errors import PlelabError
+from plelab.util.fs import atomic_write_bytes
+
+LOCK_FILE = ".train.lock"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+HISTORY_FILE = "config_history.jsonl"
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, HISTORY_FILE)
+"""Files the trainer itself writes at the top of a run directory (plus checkpoints/)."""
+
+RESUMABLE_FIELDS = (
+    "max_steps", "log_every", "eval_every", "eval_tokens", "ckpt_every", "keep_checkpoints", "max_bad_steps",
+    "diagnostics_every", "tensorboard", "wandb", "device",
+)
+"""Settings `--resume` may change (each change is recorded in config_history.jsonl). Everything else (model
+shape, data, batch, learning-rate schedule, seed, dtype, ...) defines what the checkpoint's state means, so
+changing it is refused. Note that a new max_steps also stretches or shortens the cosine decay from here on."""
+
+
+class RunDirError(PlelabError):
+    """A run directory that is busy, belongs to another run, or cannot take the requested change."""
+
+
+class RunLock:
+    """An exclusive, non-blocking flock on RUN_DIR/.train.lock; a second holder gets a RunDirError."""
+
+    def __init__(self, run_dir: Path):
+        path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
+            self.release()
+            raise RunDirError(
+                f"{run_dir} is in use by another training process (pid {holder}); "
+                "wait for it to finish or pick another --out"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Let go of the lock (idempotent); closing the descriptor releases the flock."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _is_plelab_run(run_dir: Path) -> bool:
+    return (run_dir / CONFIG_FILE).is_file()
+
+
+def _read_config(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def claim_fresh_run_dir(run_dir: Path, config: dict[str, Any], overwrite: bool) -> None:
+    """Refuse to start a new run in a folder holding other data or another run, unless `overwrite`.
+
+    Allowed without overwrite: a missing or empty folder (hidden files aside), and a folder holding this very
+    config and no checkpoint (a run killed before its first checkpoint). With overwrite, the old run's files
+    (config, metrics, history, checkpoints) are removed; other files are left alone.
+    """
+    run_dir = Path(run_dir)
+    visible = [p for p in run_dir.iterdir() if not p.name.startswith(".")] if run_dir.is_dir() else []
+    ckpts = run_dir / "checkpoints"
+    has_ckpts = ckpts.is_dir() and any(ckpts.glob("step_*"))
+    if not overwrite:
+        if has_ckpts:
+            raise RunDirError(
+                f"{run_dir} already holds a run; use --resume to continue it, --overwrite to replace it, "
+                "or pick a new --out"
+            )
+        if visible and _read_config(run_dir) != config:
+            what = "a different run" if _is_plelab_run(run_dir) else "files that are not a plelab run"
+            raise RunDirError(f"{run_dir} already holds {what}; pass --overwrite to replace it or pick a new --out")
+    if _is_plelab_run(run_dir) or has_ckpts:
+        for name in RUN_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(ckpts, ignore_errors=True)
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of a nested config dict."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def resume_changes(saved: dict[str, Any], requested: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{field: {old, new}} between a checkpoint's config and the requested one; a RunDirError if any is fixed."""
+    old, new = flatten(saved), flatten(requested)
+    changes = {k: {"old": old[k], "new": new[k]} for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
+    fixed = [k for k in changes if k not in RESUMABLE_FIELDS]
+    if fixed:
+        k = fixed[0]
+        more = f" (and {len(fixed) - 1} more: {', '.join(fixed[1:])})" if len(fixed) > 1 else ""
+        raise RunDirError(
+            f"cannot change {k} on resume ({changes[k]['old']!r} -> {changes[k]['new']!r}){more}; "
+            f"resumable settings: {', '.join(RESUMABLE_FIELDS)}; start a new run (another --out) for the rest"
+        )
+    return changes
+
+
+def record_config(run_dir: Path, config: dict[str, Any], step: int, changes: dict[str, dict[str, Any]]) -> None:
+    """Make config.json the config in force and append the changes (if any) to config_history.jsonl."""
+    atomic_write_bytes(Path(run_dir) / CONFIG_FILE, json.dumps(config, indent=2).encode())
+    if changes:
+        entry = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": changes}
+        with open(Path(run_dir) / HISTORY_FILE, "a") as f:
+            f.write(json.dumps(entry) + "\n")

@@ -1,0 +1,151 @@
+"""The callbacks every run has: speed/MFU, console progress, evaluation, checkpoints.
+
+`plelab.training.callback_factory.callbacks_for` puts them first in a trainer's list, in the order
+below, so that a step's speed figures exist before anything logs them, and its evaluation runs before
+its checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from pathlib import Path
+from typing import Any
+
+from plelab.inference.device import autocast_context
+from plelab.training.callbacks import Callback, TrainingStopped
+from plelab.training.checkpoint import (
+    CheckpointError,
+    atomic_write_bytes,
+    newest_verified_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from plelab.training.config import train_config_dict
+from plelab.training.mfu import measure_matmul_peak, mfu
+
+
+def format_eta(seconds: float) -> str:
+    """h:mm:ss for progress lines."""
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class SpeedMonitor(Callback):
+    """Adds tokens_per_s and, on CPU, MFU against a matmul peak measured once at the start of the run."""
+
+    def __init__(self, peak_seconds: float = 0.3):
+        self.peak_seconds = peak_seconds
+        self.peak_flops: float | None = None
+
+    def on_train_start(self, trainer: Any) -> None:
+        # Only on CPU: the fp32 GEMM peak is the right yardstick there; accelerators have tensor cores.
+        if trainer.device.type == "cpu" and self.peak_flops is None:
+            self.peak_flops = measure_matmul_peak(seconds=self.peak_seconds)
+
+    def on_step_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        cfg = trainer.config
+        metrics["tokens_per_s"] = cfg.tokens_per_step / metrics["step_time"]
+        if self.peak_flops:
+            metrics["mfu"] = mfu(metrics["tokens_per_s"], cfg.model, self.peak_flops, seq_len=cfg.context)
+
+
+class ProgressPrinter(Callback):
+    """Console lines: the run's size at the start, loss/lr/speed/ETA every log_every steps, evaluation results."""
+
+    def on_train_start(self, trainer: Any) -> None:
+        cfg = trainer.config
+        self.t_start, self.steps_timed = time.perf_counter(), 0
+        trainer.log_line(
+            f"training {cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens on {trainer.device} "
+            f"({sum(p.numel() for p in trainer.model.parameters()):,} params) -> {trainer.run_dir}"
+        )
+
+    def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        cfg = trainer.config
+        self.steps_timed += 1
+        if trainer.step % cfg.log_every and trainer.step != cfg.max_steps:
+            return
+        elapsed = time.perf_counter() - self.t_start
+        eta = elapsed / self.steps_timed * (cfg.max_steps - trainer.step)
+        mfu_txt = f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
+        trainer.log_line(
+            f"step {trainer.step}/{cfg.max_steps} loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} "
+            f"gnorm {metrics['grad_norm']:.2f} {metrics['tokens_per_s']:,.0f} tok/s{mfu_txt} eta {format_eta(eta)}"
+        )
+
+    def on_eval(self, trainer: Any, results: dict[str, Any]) -> None:
+        macro = results["macro"]
+        trainer.log_line(f"eval step {trainer.step}: macro loss {macro['loss']:.4f} bpb {macro['bpb']:.4f}")
+
+
+class Evaluator(Callback):
+    """Per-domain loss and bits per byte on the run's evaluation data every eval_every steps and at the end."""
+
+    def evaluate(self, trainer: Any, max_tokens: int | None = None) -> dict[str, Any] | None:
+        """Evaluate now, log the result and tell the other callbacks; None when the run has no eval data."""
+        if not trainer.data.eval_domains:
+            return None
+        from plelab.training.evaluate import evaluate_domains
+
+        cfg = trainer.config
+        results = evaluate_domains(
+            trainer.model, trainer.data.eval_domains, cfg.context, cfg.batch_size,
+            max_tokens=max_tokens, autocast=autocast_context(trainer.device, cfg.dtype),
+        )
+        trainer.last_eval = results
+        trainer.log_metrics({"step": trainer.step, "eval": results})
+        trainer.dispatch("on_eval", results)
+        return results
+
+    def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        cfg = trainer.config
+        if cfg.eval_every and trainer.step % cfg.eval_every == 0 and trainer.step < cfg.max_steps:
+            self.evaluate(trainer, cfg.eval_tokens)
+
+    def on_train_end(self, trainer: Any) -> None:
+        self.evaluate(trainer, trainer.config.eval_tokens)
+
+
+class Checkpointer(Callback):
+    """Writes a checkpoint every ckpt_every steps and at the last step, keeping the newest keep_checkpoints."""
+
+    def __init__(self) -> None:
+        self.saved_step: int | None = None
+
+    def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        cfg = trainer.config
+        if trainer.step % cfg.ckpt_every == 0 or trainer.step == cfg.max_steps:
+            self.save(trainer)
+
+    def save(self, trainer: Any) -> Path:
+        """Write a checkpoint of the trainer's current step (atomic), point LATEST at it, prune old ones."""
+        ckpts = trainer.run_dir / "checkpoints"
+        name = f"step_{trainer.step:08d}"
+        if self.saved_step == trainer.step and (ckpts / name).is_dir():
+            return ckpts / name
+        try:
+            path = save_checkpoint(ckpts / name, trainer.model, train_config_dict(trainer.config),
+                                   trainer.state_dict(), trainer.data.tokenizer_path)
+            atomic_write_bytes(ckpts / "LATEST", name.encode())
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                what = f"disk full while writing checkpoint {name}"
+            else:
+                what = f"could not write checkpoint {name} ({exc.strerror or exc}; disk full?)"
+            raise TrainingStopped(
+                f"{what}; {existing_checkpoints(trainer.run_dir)}; free space and rerun with --resume"
+            ) from exc
+        self.saved_step = trainer.step
+        prune_checkpoints(ckpts, trainer.config.keep_checkpoints)
+        trainer.dispatch("on_checkpoint", path)
+        return path
+
+
+def existing_checkpoints(run_dir: Path) -> str:
+    """A truthful clause for stop messages: the newest intact checkpoint of the run, or that there is none."""
+    try:
+        ckpt, _ = newest_verified_checkpoint(run_dir)
+    except CheckpointError:
+        return f"no intact checkpoint exists in {Path(run_dir) / 'checkpoints'}"
+    return f"the newest intact checkpoint is {ckpt}"

@@ -1,0 +1,71 @@
+"""The trainer as a loop plus callbacks: config-requested callbacks built by the trainer, state restored by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from training_helpers import make_dataset, write_config
+
+from plelab.training.callbacks import Callback
+from plelab.training.config import load_train_config
+from plelab.training.trainer import Trainer
+
+
+@pytest.fixture
+def setup(tmp_path):
+    make_dataset(tmp_path)
+    return tmp_path
+
+
+class Counter(Callback):
+    """Counts its steps; the count is its checkpointed state."""
+
+    def __init__(self, label: str):
+        self.label, self.count = label, 0
+
+    @property
+    def name(self) -> str:
+        return f"Counter-{self.label}"
+
+    def on_step_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        self.count += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = state["count"]
+
+
+def test_callback_state_is_restored_by_name_after_reordering_and_adding(setup):
+    cfg = load_train_config(write_config(setup, max_steps=4))
+    a, b = Counter("a"), Counter("b")
+    b.count = 100
+    Trainer(cfg, setup / "run", callbacks=[a, b], quiet=True).run()
+    assert (a.count, b.count) == (4, 104)
+    more = load_train_config(write_config(setup, max_steps=6))
+    new, a2, b2 = Counter("new"), Counter("a"), Counter("b")
+    Trainer(more, setup / "run", callbacks=[new, b2, a2], resume=True, quiet=True).run()
+    assert (a2.count, b2.count, new.count) == (6, 106, 2)
+
+
+def test_trainer_builds_the_callbacks_its_config_asks_for(setup):
+    cfg = load_train_config(write_config(setup, max_steps=2, diagnostics_every=1))
+    trainer = Trainer(cfg, setup / "run", quiet=True)
+    trainer.close()
+    names = [cb.name for cb in trainer.callbacks]
+    assert names[:4] == ["SpeedMonitor", "ProgressPrinter", "Evaluator", "Checkpointer"]
+    assert "PLEMonitor" in names
+
+
+def test_the_mfu_peak_is_measured_once_per_run(setup, monkeypatch):
+    import plelab.training.standard_callbacks as standard
+
+    calls = []
+    monkeypatch.setattr(standard, "measure_matmul_peak", lambda **kw: calls.append(kw) or 1e9)
+    cfg = load_train_config(write_config(setup, max_steps=12, log_every=2))
+    Trainer(cfg, setup / "run").run()
+    assert len(calls) == 1
+    line = (setup / "run" / "metrics.jsonl").read_text().splitlines()[0]
+    assert '"mfu"' in line
