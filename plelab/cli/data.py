@@ -7,18 +7,22 @@ import logging
 import re
 import sys
 import time
+from pathlib import Path
 
+from plelab.cli import options
 from plelab.cli.common import add_command, print_json
 from plelab.data.prepare import (
     DEFAULT_SHARD_TOKENS,
     DEFAULT_TOKENIZER_SAMPLE,
+    MAX_SHARDS,
     load_eval_domains,
     prepare_dataset,
     resolve_tokenizer,
     train_tokenizer,
 )
-from plelab.data.sources import KINDS, DataError, SourceOptions
+from plelab.data.sources import KINDS, DataError, SourceOptions, resolve_sources
 from plelab.data.tokenizer import Tokenizer
+from plelab.util.fs import check_output_path
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -82,19 +86,23 @@ def add_parser(sub) -> None:
         "plelab data prepare ../shared/data/train --tokenizer tok8k.json --vocab-size 8192 --out /tmp/plelab-data\n"
         "  plelab data prepare notes/ more.jsonl --text-field content --tokenizer byte --out data/mine\n"
         "  plelab data prepare corpus.parquet --tokenizer /tmp/plelab-data/tokenizer.json --out data/pq --overwrite\n"
-        "A --tokenizer file that does not exist is trained on the inputs first when --vocab-size is given.",
+        "A --tokenizer file that does not exist is trained on the inputs first when --vocab-size is given.\n"
+        f"Each split is written as at most {MAX_SHARDS} shard files of --shard-tokens tokens.",
         run_prepare,
     )
     pp.add_argument("inputs", nargs="+", metavar="INPUT", help="files or folders")
     pp.add_argument("--tokenizer", required=True,
                     help="tokenizer.json (or a folder with one); 'byte' = plain byte tokenizer")
     pp.add_argument("--out", required=True, help="dataset folder to create")
-    pp.add_argument("--vocab-size", type=int, help="train a BPE of this size if --tokenizer does not exist")
+    pp.add_argument("--vocab-size", type=options.positive_int,
+                    help="train a BPE of this size if --tokenizer does not exist")
     pp.add_argument("--tokenizer-max-bytes", default="20M",
                     help="text sampled evenly across inputs to train the tokenizer (default 20M; 'all')")
-    pp.add_argument("--val-fraction", type=float, default=0.005, help="share of documents held out (default 0.005)")
-    pp.add_argument("--seed", type=int, default=0, help="seed of the train/val split hash (default 0)")
-    pp.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file")
+    pp.add_argument("--val-fraction", type=options.fraction, default=0.005,
+                    help="share of documents held out (default 0.005)")
+    pp.add_argument("--seed", type=options.nonneg_int, default=0, help="seed of the train/val split hash (default 0)")
+    pp.add_argument("--shard-tokens", type=options.positive_int, default=DEFAULT_SHARD_TOKENS,
+                    help="tokens per shard file")
     pp.add_argument("--overwrite", action="store_true", help="replace an existing prepared dataset at --out")
     pp.add_argument("--no-progress", action="store_true", help="no progress bar")
     pp.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -108,8 +116,9 @@ def add_parser(sub) -> None:
         run_tokenizer,
     )
     pt.add_argument("inputs", nargs="*", metavar="INPUT", help="files or folders to train on")
-    pt.add_argument("--vocab-size", type=int, help="vocabulary size including the special tokens")
-    pt.add_argument("--out", required=True, help="tokenizer.json to write")
+    pt.add_argument("--vocab-size", type=options.positive_int, help="vocabulary size including the special tokens")
+    pt.add_argument("--out", required=True, help="tokenizer.json to write (a folder gets OUT/tokenizer.json)")
+    pt.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     pt.add_argument("--max-bytes", default=f"{DEFAULT_TOKENIZER_SAMPLE // 1_000_000}M",
                     help="sample at most this much text, evenly across inputs (default 20M; 'all')")
     pt.add_argument("--byte", action="store_true", help="write the plain byte tokenizer (no training)")
@@ -119,7 +128,8 @@ def add_parser(sub) -> None:
     pi = add_command(dsub, "info", "Summarise a prepared dataset (splits, tokens, sources, tokenizer).",
                      "plelab data info /tmp/plelab-data --sample 40", run_info)
     pi.add_argument("dataset", help="prepared dataset folder")
-    pi.add_argument("--sample", type=int, default=0, metavar="N", help="also decode the first N val/train tokens")
+    pi.add_argument("--sample", type=options.nonneg_int, default=0, metavar="N",
+                    help="also decode the first N val/train tokens")
     pi.add_argument("--verify", action="store_true", help="check shard checksums and token ranges (reads all)")
     pi.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
@@ -159,16 +169,23 @@ def run_tokenizer(args: argparse.Namespace) -> int:
     """Train (or write the byte) tokenizer and save it."""
     _setup_logging()
     t0 = time.perf_counter()
+    if not args.byte and args.vocab_size is None:
+        raise DataError("--vocab-size is required (or --byte for the byte tokenizer)")
+    if not args.byte and not args.inputs:
+        raise DataError("no inputs to train on")
+    sources = [] if args.byte else resolve_sources(list(args.inputs), _options(args))
+    out = Path(args.out) / "tokenizer.json" if Path(args.out).is_dir() else Path(args.out)
+    # Checked before training (minutes): never a corpus file, never an existing file without --overwrite.
+    check_output_path(out, overwrite=args.overwrite, inputs=tuple(s.path for s in sources))
+    for folder in (Path(i) for i in args.inputs):  # a .json there would be read as corpus text next time
+        if folder.is_dir() and folder.resolve() in out.resolve().parents:
+            raise DataError(f"output {out} is inside the input folder {folder}; write the tokenizer elsewhere")
     if args.byte:
         tok = Tokenizer.byte_level()
     else:
-        if args.vocab_size is None:
-            raise DataError("--vocab-size is required (or --byte for the byte tokenizer)")
-        if not args.inputs:
-            raise DataError("no inputs to train on")
-        tok = train_tokenizer(args.inputs, args.vocab_size, max_bytes=parse_size(args.max_bytes),
+        tok = train_tokenizer(sources, args.vocab_size, max_bytes=parse_size(args.max_bytes),
                               options=_options(args), show_progress=sys.stderr.isatty())
-    path = tok.save(args.out)
+    path = tok.save(out)
     info = {"path": str(path), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "pad_id": tok.pad_id,
             "sha256": tok.sha256, "seconds": round(time.perf_counter() - t0, 2)}
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from plelab.cli import options
 from plelab.cli.common import add_command, print_json
 
 
@@ -19,10 +20,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", default="runs/demo", help="work folder (tokenizer, data, both runs, summary.json)")
     p.add_argument("--data", type=Path, default=None, help="folder with train/ and valid/ (e.g. ../shared/data)")
-    p.add_argument("--minutes", type=float, default=6.0, help="wall-clock budget used to pick the step count")
-    p.add_argument("--steps", type=int, default=None, help="fix the step count instead of timing")
+    p.add_argument("--minutes", type=options.positive_float, default=6.0,
+                   help="wall-clock budget used to pick the step count")
+    p.add_argument("--steps", type=options.positive_int, default=None, help="fix the step count instead of timing")
     p.add_argument("--preset", default="mini-ple", help="model preset with PLE (its twin sets ple.dim=0)")
-    p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary trained on the corpus")
+    p.add_argument("--vocab-size", type=options.positive_int, default=4096, help="BPE vocabulary trained on the corpus")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from plelab.cli import options
 from plelab.cli.common import add_command, print_json
 
 
@@ -22,11 +23,14 @@ def add_parser(sub) -> None:
     p.add_argument("checkpoint", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--data", help="prepared dataset folder, folder of domain .txt files, or a .npy token array; "
                    "without it only injection/gate statistics on random tokens (no ablation)")
-    p.add_argument("--batches", type=int, default=8, help="evaluation batches for ablation (default 8)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
-    p.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (default: min(256, model context))")
-    p.add_argument("--top-k", type=int, default=None, help="table rows (most frequent tokens) for table health")
-    p.add_argument("--seed", type=int, default=0, help="seed of the batch windows")
+    p.add_argument("--batches", type=options.positive_int, default=8,
+                   help="evaluation batches for ablation (default 8)")
+    p.add_argument("--batch-size", type=options.positive_int, default=8, help="sequences per batch (default 8)")
+    p.add_argument("--seq-len", type=options.positive_int,
+                   help="tokens per sequence (default: min(256, model context))")
+    p.add_argument("--top-k", type=options.positive_int, default=None,
+                   help="table rows (most frequent tokens) for table health")
+    p.add_argument("--seed", type=options.nonneg_int, default=0, help="seed of the batch windows")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -40,27 +44,31 @@ def _monitor_summaries(run_dir: Path | None) -> dict:
     for name in ("early", "final"):
         f = run_dir / "diagnostics" / f"{name}.json" if run_dir else None
         if f is not None and f.is_file():
-            data = json.loads(f.read_text())
+            try:
+                data = json.loads(f.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError):  # a damaged monitor file must not hide the diagnosis itself
+                out[name] = {"verdict": f"unreadable ({f})"}
+                continue
             out[name] = data.get("summary") or {"verdict": data.get("verdict")}
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint, gather data, diagnose, print."""
-    import torch
-
     from plelab.diagnostics.batches import batches_from_tokens
     from plelab.diagnostics.data_sources import load_diagnostic_data
     from plelab.diagnostics.diagnose import diagnose_model
     from plelab.diagnostics.monitor import load_init_table
     from plelab.diagnostics.table_health import DEFAULT_TOP_K
-    from plelab.training.checkpoint import load_model
+    from plelab.inference.device import pick_device
+    from plelab.inference.load import load_model
+    from plelab.training.evaluate import check_seq_len
 
-    model, _ = load_model(args.checkpoint, device=torch.device(args.device))
+    model, _ = load_model(args.checkpoint, device=pick_device(args.device))
     ckpt = Path(model.checkpoint_dir)
     run_dir = _run_dir_of(ckpt)
     init, init_note = load_init_table(run_dir) if run_dir else (None, "checkpoint outside a run directory")
-    seq_len = args.seq_len or min(256, model.config.max_seq_len)
+    seq_len = check_seq_len(args.seq_len or min(256, model.config.max_seq_len), model.config.max_seq_len)
     kwargs: dict = {"init_table": init, "init_note": init_note, "top_k": args.top_k or DEFAULT_TOP_K}
     data_desc = None
     if args.data:

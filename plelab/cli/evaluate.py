@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from plelab.cli import options
 from plelab.cli.common import add_command, print_json
 
 
@@ -16,9 +17,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("checkpoint", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--data", required=True, help="folder of <domain>.txt files, or one .txt file")
-    p.add_argument("--max-tokens", type=int, default=None, help="cap tokens per domain (default: all)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
-    p.add_argument("--seq-len", type=int, default=0, help="window length (default: the model's max_seq_len)")
+    p.add_argument("--max-tokens", type=options.positive_int, default=None, help="cap tokens per domain (default: all)")
+    p.add_argument("--batch-size", type=options.positive_int, default=8, help="sequences per forward pass")
+    p.add_argument("--seq-len", type=options.positive_int, help="window length (default: the model's max_seq_len)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -26,14 +27,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load, evaluate, print."""
     from plelab.data.prepare import load_eval_domains
-    from plelab.training.data_access import load_for_inference
-    from plelab.training.evaluate import evaluate_domains
-    from plelab.training.trainer import pick_device
+    from plelab.inference.device import pick_device
+    from plelab.inference.load import load_for_inference
+    from plelab.training.evaluate import check_seq_len, evaluate_domains
 
     device = pick_device(args.device)
     model, tokenizer = load_for_inference(args.checkpoint, device)
     domains = load_eval_domains(args.data, tokenizer)
-    seq_len = args.seq_len or model.config.max_seq_len
+    seq_len = check_seq_len(args.seq_len or 0, model.config.max_seq_len)
     results = evaluate_domains(model, domains, seq_len, args.batch_size, args.max_tokens)
     results["checkpoint"] = str(model.checkpoint_dir)
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
 from plelab.experiments.tables import text_table
 
@@ -17,6 +18,7 @@ def add_parser(sub) -> None:
         "plelab sweep configs/sweeps/deadzone-small.toml\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --status\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --set base.data=/tmp/plelab-data --set grid.seed=[1]\n"
+        "  plelab sweep configs/sweeps/deadzone-small.toml --restart-changed   # after editing trained runs' values\n"
         "  plelab report runs/deadzone-small",
         run,
     )
@@ -24,7 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument("--status", action="store_true", help="show every run's state and the progress; train nothing")
     p.add_argument("--json", action="store_true", help="with --status: machine-readable output")
     p.add_argument("--out", help="sweep folder (default: [sweep] out, else runs/<name>)")
-    p.add_argument("--parallel", type=int, help="runs at once (each in its own subprocess when > 1)")
+    p.add_argument("--parallel", type=options.positive_int, help="runs at once (each in its own subprocess when > 1)")
+    p.add_argument("--restart-changed", action="store_true",
+                   help="retrain from scratch the runs whose config the sweep file changed since they were trained "
+                        "(their old folders move to SWEEP_DIR/superseded/); without it such a sweep is refused")
     p.add_argument("--quiet", action="store_true", help="only one line per run (progress goes to RUN_DIR/train.log)")
     p.add_argument("--run", help=argparse.SUPPRESS)  # internal: one point, in a subprocess started by the sweep
     add_set_flag(p)
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(status) if args.json else print_status(status)
         return 0
     try:
-        counts = run_sweep(sweep, quiet=args.quiet)
+        counts = run_sweep(sweep, quiet=args.quiet, restart_changed=args.restart_changed)
     except KeyboardInterrupt:
         print("sweep interrupted; rerun the same command to continue")
         return 130

@@ -41,12 +41,14 @@ from plelab.data.sources import (
     sample_texts,
 )
 from plelab.data.tokenizer import Tokenizer
-from plelab.util.fs import fsync_dir, pid_alive
+from plelab.util.fs import check_output_path, fsync_dir, pid_alive
 
 log = logging.getLogger("plelab.data")
 
 FORMAT = "plelab-tokens/1"
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB per uint16 shard: few files, each far below filesystem limits
+MAX_SHARDS = 4096
+"""Shard files per split at most: a tiny --shard-tokens would otherwise write one file per token."""
 DEFAULT_TOKENIZER_SAMPLE = 20_000_000
 BATCH_CHARS = 1 << 22  # text per encode_batch call: enough pieces to keep every core busy, small in memory
 SPLITS = ("train", "val")
@@ -81,6 +83,9 @@ class _ShardWriter:
         self.max_id = -1
 
     def _open_next(self) -> None:
+        if len(self.shards) >= MAX_SHARDS:
+            raise DataError(f"{self.prefix} split needs more than {MAX_SHARDS} shard files of {self.shard_tokens:,} "
+                            "tokens; raise --shard-tokens")
         self._close_current()
         name = f"{self.prefix}_{len(self.shards):03d}.bin"
         self._f = open(self.folder / name, "wb")
@@ -122,8 +127,8 @@ class _ShardWriter:
 def staging_dir(out: Path, overwrite: bool = False, marker: str = "manifest.json") -> Iterator[Path]:
     """Build a folder under a hidden temporary name and rename it to `out` only if the block finishes."""
     out = Path(out)
-    if out.is_file():
-        raise DataError(f"{out}: exists and is a file, not a folder")
+    # Dangling links, files, unwritable parents; whether an existing folder may go is decided below.
+    check_output_path(out, overwrite=True, is_dir=True)
     if out.is_dir():
         if (out / marker).exists():
             if not overwrite:
@@ -249,6 +254,9 @@ def prepare_dataset(
     dtype = token_dtype(tokenizer.vocab_size)
     eot = np.array([tokenizer.eot_id], dtype=np.int64)
     out = Path(out)
+    for src in sources:  # --overwrite replaces the whole folder: it must not hold the text being read
+        if out.is_dir() and out.resolve() in src.path.resolve().parents:
+            raise DataError(f"input {src.path} is inside the output folder {out}; choose another --out")
     t0 = time.perf_counter()
     with staging_dir(out, overwrite) as tmp:
         tokenizer.save(tmp / "tokenizer.json")

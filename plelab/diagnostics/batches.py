@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from plelab.diagnostics.data_sources import DiagnosticDataError
+
 FREQ_CHUNK = 1 << 24
 """Tokens counted per bincount call, so a memory-mapped shard is never loaded whole."""
 
@@ -16,7 +18,8 @@ def batches_from_tokens(
     tokens = np.asarray(tokens).reshape(-1)
     span = len(tokens) - seq_len - 1
     if span < 0:
-        raise ValueError(f"need more than {seq_len + 1} tokens for seq_len={seq_len}, got {len(tokens)}")
+        raise DiagnosticDataError(f"the data holds {len(tokens):,} tokens, fewer than one window of {seq_len + 1} "
+                                  f"(sequence length {seq_len} + 1); give more data or a smaller --seq-len")
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n_batches):

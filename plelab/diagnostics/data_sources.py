@@ -35,14 +35,22 @@ class DiagnosticData:
     freq_source: str
 
 
-def _prepared(path: Path, vocab_size: int) -> DiagnosticData:
+def _checkpoint_tokenizer_sha256(checkpoint_dir: Path) -> str | None:
+    """sha256 of the tokenizer saved with the checkpoint (None when it has none: only the vocabulary is checked)."""
+    from plelab.data.tokenizer import Tokenizer
+
+    return Tokenizer.load(checkpoint_dir).sha256 if (checkpoint_dir / "tokenizer.json").is_file() else None
+
+
+def _prepared(path: Path, vocab_size: int, tokenizer_sha256: str | None) -> DiagnosticData:
     from plelab.data.loader import TokenDataset, read_manifest
 
     splits = read_manifest(path)["splits"]
     val = next((s for s in VALIDATION_SPLITS if s in splits), None)
     if val is None:
         raise DiagnosticDataError(f"{path}: no validation split (have: {', '.join(splits)})")
-    held = TokenDataset(path, val, vocab_size=vocab_size)
+    # As `plelab train` does: tokens of another tokenizer would give a confident verdict on meaningless input.
+    held = TokenDataset(path, val, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256)
     eval_tokens = held.get(0, min(len(held), EVAL_MAX_TOKENS))
     eval_source = f"split {val!r} of {path} ({len(eval_tokens):,} tokens)"
     if "train" not in splits:
@@ -71,10 +79,15 @@ def load_diagnostic_data(path: str | Path, checkpoint_dir: str | Path, vocab_siz
     if not p.exists():
         raise DiagnosticDataError(f"{path}: no such file or directory")
     if p.suffix == ".npy":
-        tokens = np.load(p, mmap_mode="r").reshape(-1)
+        try:
+            tokens = np.load(p, mmap_mode="r").reshape(-1)
+        except (ValueError, OSError) as exc:
+            raise DiagnosticDataError(f"{p}: not a readable .npy token array ({exc})") from None
+        if not np.issubdtype(tokens.dtype, np.integer):
+            raise DiagnosticDataError(f"{p} holds {tokens.dtype} values, not integer token ids")
         if len(tokens) and int(tokens.max()) >= vocab_size:
             raise DiagnosticDataError(f"{p} holds token id {int(tokens.max())}, the model's vocabulary is {vocab_size}")
         return DiagnosticData(tokens, tokens, f"{p} ({len(tokens):,} tokens)", f"{p}")
     if (p / "manifest.json").is_file():
-        return _prepared(p, vocab_size)
+        return _prepared(p, vocab_size, _checkpoint_tokenizer_sha256(Path(checkpoint_dir)))
     return _domain_text(p, Path(checkpoint_dir))

@@ -2,7 +2,7 @@
 
 Default corpus: the running Python's own standard library sources (every fresh machine has them):
 modules and their tests are split by a stable hash of the file path into training files and held-out
-evaluation domains. With `--data DIR`, DIR/train (or DIR) is the corpus and DIR/valid the domains.
+evaluation domains. With `--data DIR`, DIR/train is the corpus and DIR/valid the domains (both required).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from plelab.errors import PlelabError
 from plelab.model.params import count_params
 from plelab.training.config import TrainConfig, load_train_config
 from plelab.training.trainer import Trainer
+from plelab.util.fs import check_output_path
 
 SEPARATOR = "\n<|endoftext|>\n"
 
@@ -73,11 +74,20 @@ def stdlib_corpus(work: Path, max_bytes: int) -> Corpus:
 
 
 def data_corpus(data: Path) -> Corpus:
-    """A user folder: DIR/train + DIR/valid (the ../shared/data layout), or DIR alone (held-out split only)."""
-    if (data / "train").is_dir():
-        valid = data / "valid" if (data / "valid").is_dir() else None
-        return Corpus([data / "train"], valid, SourceOptions(), f"{data}/train")
-    return Corpus([data], None, SourceOptions(), str(data))
+    """A user folder laid out as ../shared/data: DIR/train (the corpus) and DIR/valid (domain .txt files).
+
+    Checked before anything is prepared or trained: the comparison needs both, and without DIR/train the
+    domain files would leak into the training text.
+    """
+    if not data.is_dir():
+        raise PlelabError(f"--data {data}: not a folder (give a folder holding train/ and valid/)")
+    missing = [name for name in ("train", "valid") if not (data / name).is_dir()]
+    if missing:
+        raise PlelabError(f"--data {data}: no {' or '.join(f'{m}/' for m in missing)} folder; the demo trains on "
+                          "DIR/train and compares the twins on the domain .txt files in DIR/valid")
+    if not any((data / "valid").glob("*.txt")):
+        raise PlelabError(f"--data {data}: valid/ holds no domain .txt files to compare the twins on")
+    return Corpus([data / "train"], data / "valid", SourceOptions(), f"{data}/train")
 
 
 def demo_config(run: Path, base: dict[str, Any], steps: int, valid: Path | None) -> TrainConfig:
@@ -96,8 +106,10 @@ def run_demo(
 ) -> dict[str, Any]:
     """Prepare data, train PLE and its dP = 0 twin for the same steps, evaluate both per domain; return the table."""
     t0 = time.perf_counter()
+    corpus = data_corpus(data) if data else None  # a bad --data fails here, before anything is written
+    check_output_path(out, overwrite=True, is_dir=True)  # the work folder is resumed, never a file
     out.mkdir(parents=True, exist_ok=True)
-    corpus = data_corpus(data) if data else stdlib_corpus(out, int(max_corpus_mb * 1e6))
+    corpus = corpus or stdlib_corpus(out, int(max_corpus_mb * 1e6))
     print(f"corpus: {corpus.description}")
     tok_path = out / "tokenizer.json"
     if not (out / "data" / "manifest.json").exists():

@@ -16,6 +16,7 @@ from typing import Any
 
 from plelab.experiments.analysis import NOISE_SIGMAS
 from plelab.experiments.tables import html_table, markdown_table
+from plelab.util.fs import atomic_write_bytes, check_output_path
 
 # ("h", level, text) | ("p", text) | ("list", items) | ("table", headers, rows) | ("img", stem, caption, png)
 Block = tuple
@@ -209,22 +210,26 @@ def render_figures(analysis: dict[str, Any]) -> dict[str, list[tuple[str, str, b
     return out
 
 
-def write_report(analysis: dict[str, Any], out_dir: str | Path, plots_dir: str | Path | None = None) -> list[Path]:
-    """Write OUT/report.html, OUT/report.md and the PNGs (default OUT/plots/); return the paths written."""
+def write_report(analysis: dict[str, Any], out_dir: str | Path, plots_dir: str | Path | None = None, *,
+                 overwrite: bool = True, inputs: Sequence[str | Path] = ()) -> list[Path]:
+    """Write OUT/report.html, OUT/report.md and the PNGs (default OUT/plots/); return the paths written.
+
+    Every target is checked before anything is written: none may be one of `inputs`, and without `overwrite`
+    none may exist.
+    """
     out_dir = Path(out_dir)
     plots = Path(plots_dir) if plots_dir else out_dir / "plots"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plots.mkdir(parents=True, exist_ok=True)
+    check_output_path(out_dir, overwrite=True, is_dir=True, inputs=tuple(inputs))
+    check_output_path(plots, overwrite=True, is_dir=True, inputs=tuple(inputs))
     figures = render_figures(analysis)
-    written, rel = [], {}
-    for figs in figures.values():
-        for stem, _, png in figs:
-            if png:
-                path = plots / f"{stem}.png"
-                path.write_bytes(png)
-                written.append(path)
-                rel[stem] = os.path.relpath(path, out_dir)
+    pngs = {plots / f"{stem}.png": png for figs in figures.values() for stem, _, png in figs if png}
+    rel = {path.stem: os.path.relpath(path, out_dir) for path in pngs}
     blocks = build_blocks(analysis, figures)
-    (out_dir / "report.md").write_text(to_markdown(blocks, rel))
-    (out_dir / "report.html").write_text(to_html(blocks, f"plelab sweep report: {analysis['sweep']}"))
-    return [out_dir / "report.html", out_dir / "report.md", *written]
+    pages = {out_dir / "report.html": to_html(blocks, f"plelab sweep report: {analysis['sweep']}").encode(),
+             out_dir / "report.md": to_markdown(blocks, rel).encode()}
+    for path in [*pages, *pngs]:
+        check_output_path(path, overwrite=overwrite, inputs=tuple(inputs))
+    plots.mkdir(parents=True, exist_ok=True)
+    for path, data in {**pngs, **pages}.items():
+        atomic_write_bytes(path, data)
+    return [*pages, *pngs]

@@ -19,6 +19,7 @@ tokenizer) and `sweep.out` are relative to the current directory, as with `plela
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -71,6 +72,16 @@ class SweepPoint:
     def config_dict(self) -> dict[str, Any]:
         """The training config as a plain dict (what the database stores)."""
         return train_config_dict(self.config)
+
+    @property
+    def config_hash(self) -> str:
+        """Hash of the full resolved training config: results and checkpoints are keyed by it."""
+        return config_hash(self.config_dict())
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of a config dict in canonical JSON (sorted keys), so equal configs hash equal."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass

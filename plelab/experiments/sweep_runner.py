@@ -4,6 +4,11 @@ Resumability rests on three facts: a run folder resumes from its newest checkpoi
 a finished run writes RUN_DIR/result.json atomically before the database marks it done (so a kill between
 the two loses no training), and the database skips runs marked done. A killed sweep therefore continues
 where it stopped when started again; the run it was in resumes from its checkpoint.
+
+A run's checkpoints and result belong to the config it was started with (RUN_DIR/sweep_config.json holds it
+and its hash). When the sweep file later asks for another config, that work is never reused or resumed under
+the new values: the sweep refuses, naming the runs and fields, or with `restart_changed` moves the old run
+folder to SWEEP_DIR/superseded/ and trains the run again from scratch.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ from typing import Any, TextIO
 
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import RESOLVED_FILE, Sweep, SweepPoint
-from plelab.experiments.sweep_store import SweepStore
+from plelab.experiments.sweep_store import SweepStore, config_diff
 from plelab.training.callbacks import Callback
-from plelab.util.fs import atomic_write_bytes, pid_alive
+from plelab.util.fs import atomic_write_bytes, check_output_path, pid_alive
 
 RESULT_FILE = "result.json"
 """In a run folder: the run's result summary, written once it has finished training and evaluating."""
+CONFIG_FILE = "sweep_config.json"
+"""In a run folder: the full resolved config (and its hash) the run's checkpoints and result were made with."""
+SUPERSEDED_DIR = "superseded"
+"""In the sweep folder: run folders set aside by `restart_changed` because the sweep now asks for another config."""
 LOG_FILE = "train.log"
 """In a run folder: the trainer's progress lines (appended on every attempt)."""
 TAIL_FRACTION = 0.1
@@ -36,6 +45,85 @@ TAIL_FRACTION = 0.1
 
 class SweepLocked(PlelabError):
     """Another process is running this sweep."""
+
+
+class ConfigChanged(PlelabError):
+    """Runs whose checkpoints or result were made with another config than the sweep now asks for."""
+
+
+def _has_work(run_dir: Path) -> bool:
+    return (run_dir / RESULT_FILE).is_file() or any((run_dir / "checkpoints").glob("step_*"))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlelabError(f"{path} is damaged ({exc}); move the run folder aside to retrain it") from None
+
+
+def started_config(run_dir: Path, row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The config a run's existing work (checkpoints, result, a `done` database row) was made with, else None."""
+    if _has_work(run_dir):
+        if (run_dir / CONFIG_FILE).is_file():
+            return _read_json(run_dir / CONFIG_FILE)["config"]
+        if (run_dir / "config.json").is_file():  # a run started before sweep_config.json existed
+            return _read_json(run_dir / "config.json")
+    if row is not None and row["status"] == "done":
+        return row["config"]
+    return None
+
+
+def changed_fields(point: SweepPoint, run_dir: Path, row: dict[str, Any] | None) -> list[str]:
+    """Dotted config keys where the point now differs from what its existing work was made with."""
+    old = started_config(run_dir, row)
+    # JSON round trip: the recorded config went through JSON (tuples became lists), compare like with like.
+    return [] if old is None else config_diff(old, json.loads(json.dumps(point.config_dict())))
+
+
+def _fields_text(fields: list[str], limit: int = 6) -> str:
+    more = f" and {len(fields) - limit} more" if len(fields) > limit else ""
+    return ", ".join(fields[:limit]) + more
+
+
+def reconcile_configs(sweep: Sweep, store: SweepStore, restart_changed: bool = False) -> list[str]:
+    """Refuse runs whose work was made with another config; with `restart_changed`, set them aside to redo.
+
+    Returns one message per run set aside; raises ConfigChanged (naming runs and fields) otherwise.
+    """
+    changed = {}
+    for p in sweep.points:
+        fields = changed_fields(p, sweep.run_dir(p), store.row(p.name))
+        if fields:
+            changed[p.name] = fields
+    if changed and not restart_changed:
+        runs = "; ".join(f"{name} ({_fields_text(fields)})" for name, fields in changed.items())
+        raise ConfigChanged(f"the sweep now asks for another config than these runs were trained with: {runs}; "
+                            "restore the old values, or pass --restart-changed to retrain them from scratch "
+                            f"(their old folders move to {sweep.folder / SUPERSEDED_DIR})")
+    messages = []
+    for name, fields in changed.items():
+        run_dir = sweep.run_dir(name)
+        where = "no folder"
+        if run_dir.exists():
+            dest = sweep.folder / SUPERSEDED_DIR / f"{name}@{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(run_dir, dest)
+            where = f"old folder moved to {dest}"
+        store.forget(name)
+        messages.append(f"{name}: config changed ({_fields_text(fields)}); {where}; training it again")
+    return messages
+
+
+def stamp_config(point: SweepPoint, run_dir: Path) -> None:
+    """Record the config the run is trained with; refuse a folder whose work belongs to another config."""
+    fields = changed_fields(point, run_dir, None)
+    if fields:
+        raise ConfigChanged(f"{run_dir} was trained with another config ({_fields_text(fields)}); "
+                            "rerun `plelab sweep` with --restart-changed to retrain it")
+    if not (run_dir / CONFIG_FILE).is_file() or not _has_work(run_dir):
+        record = {"config_hash": point.config_hash, "config": point.config_dict()}
+        atomic_write_bytes(run_dir / CONFIG_FILE, json.dumps(record, indent=2).encode())
 
 
 @contextlib.contextmanager
@@ -71,7 +159,7 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return [], []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():  # damaged bytes spoil one line, not the status
         try:
             m = json.loads(line)
         except json.JSONDecodeError:
@@ -110,7 +198,7 @@ def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall
     diag = _diagnostics(run_dir)
     matches = diag.get("early_matches_final") or {}
     return {
-        "name": point.name, "point": point.values,
+        "name": point.name, "point": point.values, "config_hash": point.config_hash,
         "steps": train[-1]["step"] if train else None,
         "tokens": train[-1].get("tokens") if train else None,
         "train_seconds": sum(m.get("step_time", 0.0) for m in train), "wall_seconds_last_attempt": wall,
@@ -162,7 +250,6 @@ def train_point(point: SweepPoint, run_dir: Path, quiet: bool = True, threads: i
     """Train (or resume) one grid point in this process and return its result summary."""
     import torch
 
-    from plelab.cli.train import build_callbacks
     from plelab.training.trainer import Trainer
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -172,9 +259,8 @@ def train_point(point: SweepPoint, run_dir: Path, quiet: bool = True, threads: i
     t0 = time.perf_counter()
     try:
         with open(run_dir / LOG_FILE, "a") as log, contextlib.redirect_stdout(_Tee(log, None if quiet else sys.stdout)):
-            callbacks = [*build_callbacks(point.config), *(extra_callbacks or [])]
-            # resume=True also starts fresh when the folder has no checkpoint yet.
-            final = Trainer(point.config, run_dir, callbacks=callbacks, resume=True).run()
+            # The Trainer adds the callbacks the config asks for; resume=True starts at step 0 without a checkpoint.
+            final = Trainer(point.config, run_dir, callbacks=extra_callbacks, resume=True).run()
     finally:
         torch.set_num_threads(old_threads)
     return collect_result(point, run_dir, final, time.perf_counter() - t0)
@@ -192,6 +278,7 @@ def _execute_locked(point: SweepPoint, run_dir: Path, store: SweepStore, quiet: 
                     extra_callbacks: list[Callback] | None) -> str:
     store.mark_running(point.name, os.getpid())
     try:
+        stamp_config(point, run_dir)
         result_file = run_dir / RESULT_FILE
         if result_file.is_file():  # trained and evaluated before a kill kept it from being recorded
             result = json.loads(result_file.read_text())
@@ -210,13 +297,22 @@ def _execute_locked(point: SweepPoint, run_dir: Path, store: SweepStore, quiet: 
         return "failed"
 
 
-def prepare(sweep: Sweep) -> tuple[SweepStore, list[str]]:
-    """Open the database, record the sweep and its points, write SWEEP_DIR/sweep.json; return warnings."""
+def prepare(sweep: Sweep, restart_changed: bool = False) -> tuple[SweepStore, list[str]]:
+    """Open the database, check every run's config, record the sweep and its points, write SWEEP_DIR/sweep.json.
+
+    Returns the store and messages for the user; nothing is written before the config check passes.
+    """
     sweep.folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(sweep.folder / RESOLVED_FILE, json.dumps(sweep.resolved_dict(), indent=2).encode())
     store = SweepStore(sweep.db_path)
-    store.set_meta(name=sweep.options.name, source=sweep.source, overrides=sweep.overrides, grid=sweep.grid)
-    return store, store.sync_points(sweep.points)
+    try:
+        messages = reconcile_configs(sweep, store, restart_changed)
+        atomic_write_bytes(sweep.folder / RESOLVED_FILE, json.dumps(sweep.resolved_dict(), indent=2).encode())
+        store.set_meta(name=sweep.options.name, source=sweep.source, overrides=sweep.overrides, grid=sweep.grid)
+        store.sync_points(sweep.points)
+        return store, messages
+    except BaseException:
+        store.close()
+        raise
 
 
 def _subprocess_cmd(sweep: Sweep, point: SweepPoint) -> list[str]:
@@ -275,13 +371,17 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def run_sweep(sweep: Sweep, quiet: bool = False, say=print) -> dict[str, int]:
-    """Run every unfinished point (failed ones are retried, resuming from their checkpoints); return counts."""
+def run_sweep(sweep: Sweep, quiet: bool = False, say=print, restart_changed: bool = False) -> dict[str, int]:
+    """Run every unfinished point (failed ones are retried, resuming from their checkpoints); return counts.
+
+    Runs whose work was made with another config than the sweep's are refused, or redone with `restart_changed`.
+    """
+    check_output_path(sweep.folder, overwrite=True, is_dir=True)  # a file or dangling link: one line, not mkdir's
     with sweep_lock(sweep.folder), _terminate_as_interrupt():
-        store, warnings = prepare(sweep)
+        store, messages = prepare(sweep, restart_changed)
         with store:
-            for w in warnings:
-                say(f"warning: {w}")
+            for message in messages:
+                say(message)
             todo = [p for p in sweep.points if store.status_of(p.name) != "done"]
             say(f"sweep {sweep.options.name}: {len(sweep.points)} runs, {len(sweep.points) - len(todo)} done, "
                 f"{len(todo)} to run -> {sweep.folder}")

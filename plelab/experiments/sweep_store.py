@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from plelab.errors import PlelabError
+
 STATUSES = ("pending", "running", "done", "failed")
 
 SCHEMA = """
@@ -50,14 +52,14 @@ RESULT_COLUMNS = (
 )
 
 
-def _config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two nested config dicts."""
     keys = sorted(set(old) | set(new))
     out = []
     for k in keys:
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _config_diff(a, b, f"{prefix}{k}.")
+            out += config_diff(a, b, f"{prefix}{k}.")
         elif a != b:
             out.append(prefix + k)
     return out
@@ -72,10 +74,18 @@ class SweepStore:
         # timeout: wait for another process's write transaction instead of failing at once.
         self.db = sqlite3.connect(self.path, timeout=60.0)
         self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        with self.db:
-            self.db.executescript(SCHEMA)
+        try:
+            # quick_check reads every page (the database is small) so damage is found before anything is written.
+            if self.db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                raise sqlite3.DatabaseError("damaged pages")
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            with self.db:
+                self.db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise PlelabError(f"{self.path} is not a readable sweep database ({exc}); move it aside to start "
+                              "the sweep's records afresh (run folders and their result.json are kept)") from None
 
     def close(self) -> None:
         """Close the connection."""
@@ -94,13 +104,11 @@ class SweepStore:
             self.db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                                 [(k, json.dumps(v)) for k, v in values.items()])
 
-    def sync_points(self, points: Iterable[Any]) -> list[str]:
-        """Insert new grid points as pending, refresh unfinished ones; return warnings about changed finished runs.
+    def sync_points(self, points: Iterable[Any]) -> None:
+        """Insert new grid points as pending, refresh unfinished ones; a finished run keeps its recorded config.
 
-        A finished run keeps its recorded config: if the sweep file now asks for something else, the run is
-        not silently redone (delete its folder and row to redo it); the warning names the keys that differ.
+        The caller has already refused (or reset) finished runs whose config differs (sweep_runner.reconcile_configs).
         """
-        warnings = []
         with self.db:
             names = []
             for p in points:
@@ -114,16 +122,22 @@ class SweepStore:
                     self.db.execute(f"INSERT INTO runs (name, {cols}) VALUES (?{', ?' * len(fields)})",
                                     (p.name, *fields.values()))
                 elif row["status"] == "done":
-                    diff = _config_diff(json.loads(row["config"]), config)
-                    if diff:
-                        warnings.append(f"{p.name} finished with a different config ({', '.join(diff)}); kept as is")
                     self.db.execute("UPDATE runs SET idx = ?, in_grid = 1 WHERE name = ?", (p.index, p.name))
                 else:
                     sets = ", ".join(f"{k} = ?" for k in fields)
                     self.db.execute(f"UPDATE runs SET {sets}, in_grid = 1 WHERE name = ?", (*fields.values(), p.name))
             marks = ",".join("?" * len(names))
             self.db.execute(f"UPDATE runs SET in_grid = 0 WHERE name NOT IN ({marks})", names)
-        return warnings
+
+    def forget(self, name: str) -> None:
+        """Drop a run's row and evaluations (it is being redone from scratch)."""
+        with self.db:
+            self.db.execute("DELETE FROM runs WHERE name = ?", (name,))
+
+    def row(self, name: str) -> dict[str, Any] | None:
+        """One run's row (config decoded), or None."""
+        row = self.db.execute("SELECT * FROM runs WHERE name = ?", (name,)).fetchone()
+        return None if row is None else {**dict(row), "config": json.loads(row["config"])}
 
     def mark_running(self, name: str, pid: int) -> None:
         """A run starts (or resumes): count the attempt, remember who runs it."""

@@ -44,3 +44,25 @@ def test_report_json_is_the_analysis(finished_sweep, tmp_path, capsys):
 def test_report_on_a_folder_without_a_sweep_is_a_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no sweep.sqlite" in capsys.readouterr().err
+
+
+def test_report_out_refuses_existing_report_files_unless_overwrite(finished_sweep, tmp_path, capsys):
+    out = tmp_path / "docs"
+    out.mkdir()
+    (out / "report.md").write_text("my own notes")
+    assert main(["report", str(finished_sweep), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists; pass --overwrite" in err
+    assert (out / "report.md").read_text() == "my own notes" and not (out / "report.html").exists()
+    assert main(["report", str(finished_sweep), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "report.md").read_text().startswith("#")
+
+
+def test_report_never_writes_over_the_sweeps_own_files(finished_sweep, capsys):
+    db = finished_sweep / "sweep.sqlite"
+    before = db.read_bytes()
+    assert main(["report", str(finished_sweep), "--out", str(db), "--overwrite"]) == 2
+    assert "plelab report: error:" in capsys.readouterr().err
+    assert db.read_bytes() == before
+    for _ in range(2):  # the sweep folder's own report is simply regenerated
+        assert main(["report", str(finished_sweep)]) == 0
