@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from plelab.edge.export import ExportOptions, export_model
     from plelab.edge.runtime import EdgeModel
+    from plelab.inference.load import load_model
     from plelab.model import KVCache, LanguageModel, load_model_config
-    from plelab.training.checkpoint import load_model
 
     torch.set_num_threads(args.threads)
     if Path(args.model).is_dir():

@@ -32,8 +32,9 @@ from plelab.data.prepare import load_eval_domains  # noqa: E402
 from plelab.data.tokenizer import Tokenizer  # noqa: E402
 from plelab.edge.export import ExportOptions, export_source  # noqa: E402
 from plelab.edge.runtime import EdgeModel  # noqa: E402
+from plelab.inference.load import load_model  # noqa: E402
 from plelab.model import LanguageModel  # noqa: E402
-from plelab.training.checkpoint import load_model, resolve_checkpoint  # noqa: E402
+from plelab.training.checkpoint import resolve_checkpoint  # noqa: E402
 
 
 def windows(tokens: np.ndarray, seq_len: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

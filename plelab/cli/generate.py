@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
+from plelab.cli import options
 from plelab.cli.common import add_command
 
 
@@ -19,44 +18,25 @@ def add_parser(sub) -> None:
     )
     p.add_argument("checkpoint", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--max-new-tokens", type=options.positive_int, default=100, help="tokens to generate (default 100)")
+    options.add_sampling_flags(p)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps, ...")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Stream a continuation of the prompt to stdout."""
-    from plelab.errors import PlelabError
-    from plelab.training.data_access import load_for_inference
-    from plelab.training.trainer import pick_device
+    """Stream a continuation of the prompt to stdout; one line on stderr when the context cuts the request."""
+    from plelab.inference.device import pick_device
+    from plelab.inference.generate import fit_context, generate, stream_text
+    from plelab.inference.load import load_for_inference
 
-    device = pick_device(args.device)
-    model, tokenizer = load_for_inference(args.checkpoint, device)
-    ids = tokenizer.encode(args.prompt)
-    if not ids:
-        raise PlelabError("the prompt encodes to no tokens")
-    room = model.config.max_seq_len - len(ids)
-    if room <= 0:
-        raise PlelabError(f"the prompt is {len(ids)} tokens; the model's context is {model.config.max_seq_len}")
-    steps = min(args.max_new_tokens, room)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    x = torch.tensor([ids], device=device)
-    out: list[int] = []
-    shown = ""
+    model, tokenizer = load_for_inference(args.checkpoint, pick_device(args.device))
+    fit = fit_context(tokenizer.encode(args.prompt), args.max_new_tokens, model.config.max_seq_len)
+    if fit.note:
+        print(f"plelab generate: {fit.note}", file=sys.stderr)
     sys.stdout.write(args.prompt)
-    for tok in model.generate(x, steps, args.temperature, args.top_k, args.top_p, generator=gen):
-        t = int(tok)
-        if t == tokenizer.eot_id:
-            break
-        out.append(t)
-        text = tokenizer.decode(out)
-        # Byte-level BPE can end mid-character; print only once the text is stable.
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(shown):])
-            sys.stdout.flush()
-            shown = text
-    sys.stdout.write(tokenizer.decode(out)[len(shown):] + "\n")
+    ids = generate(model, fit.prompt, fit.max_new_tokens, options.sampling(args), stop_id=tokenizer.eot_id)
+    for piece in stream_text(ids, tokenizer.decode):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
     return 0

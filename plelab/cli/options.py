@@ -1,6 +1,7 @@
 """Range-checked argparse types: every numeric CLI option is validated here, so a bad value is one line, exit 2.
 
-Use them as `p.add_argument("--top-p", type=options.probability, ...)`. argparse turns the ValueError into
+Use them as `p.add_argument("--top-p", type=options.probability, ...)`; tests/cli/test_cli_ranges.py checks
+that every numeric option of every subcommand does. argparse turns the ValueError into
 `plelab CMD: error: argument --top-p: ...` (see `OneLineParser` in plelab/cli/main.py).
 """
 
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+
+from plelab.inference.sampling import Sampling
 
 
 def _number(text: str, kind: type) -> int | float:
@@ -20,41 +24,51 @@ def _number(text: str, kind: type) -> int | float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (counts, sizes, steps)."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _ranged(kind: type, name: str, doc: str, low: float | None = None, high: float | None = None,
+            low_open: bool = False, high_open: bool = False) -> Callable[[str], int | float]:
+    """One validator: parse as `kind`, then check low <= value <= high (strict where the side is open)."""
+
+    def check(text: str) -> int | float:
+        value = _number(text, kind)
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if too_low or too_high:
+            raise argparse.ArgumentTypeError(f"must be {range_text}, got {value}")
+        return value
+
+    if high is None:
+        range_text = f"{'>' if low_open else '>='} {low}"
+    else:
+        range_text = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    check.__name__, check.__doc__ = name, doc
+    return check
 
 
-def nonneg_int(text: str) -> int:
-    """An integer >= 0 (0 usually means 'none' or 'off')."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+positive_int = _ranged(int, "positive_int", "An integer >= 1 (counts, sizes, steps).", low=1)
+nonneg_int = _ranged(int, "nonneg_int", "An integer >= 0 (0 usually means 'none' or 'off').", low=0)
+positive_float = _ranged(float, "positive_float", "A finite number > 0.", low=0, low_open=True)
+nonneg_float = _ranged(float, "nonneg_float", "A finite number >= 0 (a temperature: 0 means greedy).", low=0)
+probability = _ranged(float, "probability", "A number in (0, 1] (top-p, fractions).", 0, 1, low_open=True)
+fraction = _ranged(float, "fraction", "A number in [0, 1) (a share held out, a drop rate).", 0, 1, high_open=True)
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """A validator for integers >= `minimum` (a floor that keeps a run sane, e.g. tokens per shard)."""
+    return _ranged(int, f"int_at_least_{minimum}", f"An integer >= {minimum}.", low=minimum)
 
 
-def nonneg_float(text: str) -> float:
-    """A finite number >= 0 (e.g. a sampling temperature, where 0 means greedy)."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """--temperature, --top-k, --top-p, --seed with the defaults of `plelab.inference.sampling.Sampling`."""
+    d = Sampling()
+    p.add_argument("--temperature", type=nonneg_float, default=d.temperature,
+                   help=f"softmax temperature, 0 = greedy (default {d.temperature})")
+    p.add_argument("--top-k", type=nonneg_int, default=d.top_k,
+                   help="sample among the k most likely tokens (default 0 = off)")
+    p.add_argument("--top-p", type=probability, default=d.top_p,
+                   help="sample among the most likely tokens holding this much probability (default 1 = off)")
+    p.add_argument("--seed", type=nonneg_int, default=d.seed, help=f"sampling seed (default {d.seed})")
 
 
-def probability(text: str) -> float:
-    """A number in (0, 1] (top-p, fractions)."""
-    value = _number(text, float)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+def sampling(args: argparse.Namespace) -> Sampling:
+    """The `Sampling` that `add_sampling_flags` options describe."""
+    return Sampling(args.temperature, args.top_k, args.top_p, args.seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
 from plelab.model.params import count_params, sweep_ple, with_ple_dim
 from plelab.model.presets import PRESETS, load_model_config
@@ -33,7 +34,7 @@ def add_parser(sub) -> None:
         run,
     )
     p.add_argument("model", help=f"preset ({', '.join(PRESETS)}) or a TOML/YAML/JSON model config file")
-    p.add_argument("--ple-dim", type=int, help="set dP (PLE width) before counting")
+    p.add_argument("--ple-dim", type=options.nonneg_int, help="set dP (PLE width) before counting")
     p.add_argument("--sweep-ple", metavar="D1,D2,...", help="print the seed-style table over these dP values")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_set_flag(p)

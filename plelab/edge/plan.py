@@ -13,6 +13,7 @@ move whole pages), plus FLOPs / flops_per_s (see devices.toml).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -69,24 +70,68 @@ class Device:
         return [t for t in self.tiers if t.kind == "ram"]
 
 
+# Field -> (smallest allowed value, whether it must be an integer, whether the minimum itself is allowed).
+_TIER_FIELDS = {"capacity": (1, True, True), "read_mb_s": (0, False, False), "latency_us": (0, False, True),
+                "page": (1, True, True)}
+
+
+def _number(value: Any, where: str, field: str, low: float, integer: bool, inclusive: bool) -> float:
+    """`value` checked to be a finite (integer) number above `low`, else a PlanError naming profile and field."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if ok:
+        ok = value >= low if inclusive else value > low
+    if not ok:
+        want = f"{'an integer' if integer else 'a finite number'} {'>=' if inclusive else '>'} {low}"
+        raise PlanError(f"{where}: {field} must be {want}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _tier(t: Any, where: str) -> Tier:
+    if not isinstance(t, dict):
+        raise PlanError(f"{where}: each tier must be a table of fields, got {t!r}")
+    where = f"{where}, tier {t.get('name', '?')!r}"
+    unknown = set(t) - {"name", "kind", *_TIER_FIELDS}
+    if unknown:
+        raise PlanError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    for key in ("name", "kind", "capacity", "read_mb_s"):
+        if key not in t:
+            raise PlanError(f"{where}: missing field {key}")
+    if not isinstance(t["name"], str) or not t["name"]:
+        raise PlanError(f"{where}: name must be a non-empty string, got {t['name']!r}")
+    if t["kind"] not in ("ram", "storage"):
+        raise PlanError(f"{where}: kind must be \"ram\" or \"storage\", got {t['kind']!r}")
+    values = {k: _number(t[k], where, k, *rule) for k, rule in _TIER_FIELDS.items() if k in t}
+    return Tier(t["name"], t["kind"], **values)
+
+
+def _device(name: str, d: Any, path: Path) -> Device:
+    """One profile, every field range-checked (a zero bandwidth or NaN would make every estimate wrong)."""
+    where = f"{path}: device {name!r}"
+    if not isinstance(d, dict):
+        raise PlanError(f"{where} must be a table of fields")
+    if "flops_per_s" not in d or not isinstance(d.get("tiers"), list) or not d["tiers"]:
+        raise PlanError(f"{where} needs flops_per_s and at least one [[tiers]] entry")
+    flops = _number(d["flops_per_s"], where, "flops_per_s", 0, False, False)
+    tiers = [_tier(t, where) for t in d["tiers"]]
+    if [t.kind for t in tiers].count("storage") != 1:
+        raise PlanError(f"{where} needs exactly one tier of kind storage, the rest ram")
+    if len({t.name for t in tiers}) != len(tiers):
+        raise PlanError(f"{where}: tier names must be unique")
+    return Device(name, str(d.get("description", "")), flops, tiers, str(d.get("sources", "")))
+
+
 def load_devices(path: str | Path | None = None) -> dict[str, Device]:
-    """Device profiles from a TOML/YAML/JSON file (the built-in devices.toml by default)."""
+    """Device profiles from a TOML/YAML/JSON file (the built-in devices.toml by default), range-checked."""
     path = Path(path) if path else DEFAULT_DEVICES
     try:
         data = read_file(path).get("devices", {})
     except (OSError, ConfigError) as exc:
         raise PlanError(f"cannot read device file {path}: {exc}") from exc
-    devices = {}
-    for name, d in data.items():
-        try:
-            tiers = [Tier(**t) for t in d["tiers"]]
-            dev = Device(name, d.get("description", ""), float(d["flops_per_s"]), tiers, d.get("sources", ""))
-        except (KeyError, TypeError) as exc:
-            raise PlanError(f"{path}: device {name!r} is malformed ({exc})") from exc
-        if [t.kind for t in tiers].count("storage") != 1 or any(t.kind not in ("ram", "storage") for t in tiers):
-            raise PlanError(f"{path}: device {name!r} needs exactly one tier of kind storage, the rest ram")
-        devices[name] = dev
-    return devices
+    if not isinstance(data, dict) or not data:
+        raise PlanError(f"{path} has no [devices.NAME] profiles")
+    return {name: _device(name, d, path) for name, d in data.items()}
 
 
 def get_device(name: str, path: str | Path | None = None) -> Device:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def sha256_file(path: str | Path) -> str:
@@ -26,16 +30,50 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644) -> None:
-    """Write a file via temp file + fsync + rename: readers see the old or the new file, never half."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+# `atomic_writer`'s temp names: `.NAME.PID.` + mkstemp's 8 random characters + `.tmp`.
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$")
+
+
+def remove_stale_temp_files(folder: str | Path) -> list[Path]:
+    """Delete the temp files `atomic_writer` left in `folder` when its process was killed; return them.
+
+    Only files of its own naming (`.NAME.PID.XXXXXXXX.tmp`) whose writer PID no longer runs are removed, so a
+    write in progress in another process is never touched.
+    """
+    removed = []
     try:
-        os.chmod(tmp, mode)  # mkstemp makes 0600; results are meant to be shared
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP_NAME.match(entry.name)
+        if m and entry.is_file(follow_symlinks=False) and not pid_alive(int(m["pid"])):
+            Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | Path, mode: int | None = None) -> Iterator[BinaryIO]:
+    """Open a temp file next to `path` for binary writing; on success fsync it and rename it over `path`.
+
+    Readers see the old file or the new one, never half of it; an exception removes the temp file, and a
+    killed writer's temp file (its PID is in the name) is removed by the next writer into the folder.
+    `mode` defaults to what the umask allows an ordinary new file.
+    """
+    path = Path(path)
+    remove_stale_temp_files(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -43,11 +81,17 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644) -> None
     fsync_dir(path.parent)
 
 
+def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644) -> None:
+    """Write a whole file atomically (see `atomic_writer`)."""
+    with atomic_writer(path, mode) as f:
+        f.write(data)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this id exists (used to tell stale lock/staging folders from live ones)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: not a pid this system can have
         return False
     except PermissionError:
         return True
@@ -70,7 +114,7 @@ def check_output_path(
         raise PlelabError(f"output {path} is a dangling symbolic link")
     resolved = path.resolve()
     for item in inputs:
-        if item is not None and Path(item).resolve() == resolved:
+        if item is not None and _same_file(Path(item), path, resolved):
             raise PlelabError(f"output {path} is also an input of this command; choose another output path")
     if path.exists():
         if is_dir and not path.is_dir():
@@ -79,9 +123,21 @@ def check_output_path(
             raise PlelabError(f"output {path} is a folder; give a file path")
         if not overwrite and (not is_dir or any(path.iterdir())):
             raise PlelabError(f"output {path} already exists; pass --overwrite to replace it")
-    parent = resolved.parent
+    parent = Path(os.path.abspath(path)).parent  # unresolved: a dangling link on the way must be seen
     while not parent.exists():
+        if parent.is_symlink():
+            raise PlelabError(f"cannot write {path}: {parent} is a dangling symbolic link")
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise PlelabError(f"cannot write {path}: {parent} is not a writable folder")
     return path
+
+
+def _same_file(item: Path, path: Path, resolved: Path) -> bool:
+    """Whether `path` names the input `item` (same resolved path, or the same file by another name)."""
+    if item.resolve() == resolved:
+        return True
+    try:
+        return os.path.samefile(item, path)  # hard links, case-insensitive file systems
+    except OSError:
+        return False

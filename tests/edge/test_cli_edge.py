@@ -127,3 +127,179 @@ def test_export_and_plan_a_checkpoint_with_its_tokenizer(tmp_path, capsys):
     assert from_ckpt["bytes_per_token"] == from_file["bytes_per_token"]
     assert main(["run", str(out), "--prompt", "hi", "--max-new-tokens", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["prompt_tokens"] == 2
+
+
+# --- output safety ------------------------------------------------------------------------------------------
+
+
+def test_export_refuses_to_overwrite_unless_asked(small, capsys):
+    before = small.read_bytes()
+    err = one_line_error(capsys, "export", "tiny", "--quant", "int8", "--seed", "1", "--out", str(small))
+    assert "already exists" in err and "--overwrite" in err and small.read_bytes() == before
+    assert main(["export", "tiny", "--quant", "int8", "--seed", "1", "--out", str(small), "--overwrite"]) == 0
+    assert small.read_bytes() != before
+
+
+def test_export_never_writes_over_its_input(tmp_path, capsys):
+    from plelab.training.checkpoint import save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000001", lively_model())
+    weights = next(p for p in ckpt.iterdir() if p.name.startswith("model"))
+    before = weights.read_bytes()
+    err = one_line_error(capsys, "export", str(tmp_path / "run"), "--out", str(weights), "--overwrite")
+    assert "also an input" in err and weights.read_bytes() == before
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('preset = "tiny"\n')
+    assert "also an input" in one_line_error(capsys, "export", str(cfg), "--out", str(cfg), "--overwrite")
+
+
+def test_bad_output_paths_are_one_line(tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    dangling = tmp_path / "dangling.ple"
+    dangling.symlink_to(tmp_path / "nowhere" / "x.ple")
+    for out, says in ((tmp_path, "is a folder"), (a_file / "m.ple", "not a writable folder"),
+                      (dangling, "dangling"), (tmp_path / "gone" / "x.ple", None)):
+        argv = ["export", "tiny", "--quant", "int8", "--out", str(out)]
+        if says is None:  # a missing parent folder is created
+            assert main(argv) == 0 and out.is_file()
+        else:
+            assert says in one_line_error(capsys, *argv)
+    assert a_file.read_text() == "x"
+
+
+@pytest.mark.skipif(hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0,
+                    reason="root can write into read-only folders")
+def test_read_only_folder_is_one_line(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    assert "not a writable folder" in one_line_error(capsys, "export", "tiny", "--out", str(ro / "m.ple"))
+
+
+def test_a_killed_export_leaves_a_temp_file_the_next_export_removes(tmp_path):
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "big.ple"
+    proc = subprocess.Popen([sys.executable, "-m", "plelab", "export", "esp32-28m", "--quant", "int4",
+                             "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    try:
+        while not list(tmp_path.glob(".big.ple.*.tmp")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    stale = list(tmp_path.glob(".big.ple.*.tmp"))
+    assert len(stale) == 1 and f".{proc.pid}." in stale[0].name and not out.exists()
+    live = tmp_path / f".other.ple.{os.getpid()}.abcd1234.tmp"  # a write in progress in a living process
+    live.write_bytes(b"x")
+    assert main(["export", "tiny", "--quant", "int8", "--out", str(tmp_path / "small.ple")]) == 0
+    assert not stale[0].exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "small.ple"])
+
+
+# --- plan: flags that cannot apply, device profiles -----------------------------------------------------------
+
+
+def test_plan_refuses_flags_that_would_be_ignored(small, tmp_path, capsys):
+    from plelab.training.checkpoint import save_checkpoint
+
+    for flags in (["--quant", "int4"], ["--group", "64"], ["--embed-in-record"], ["--align", "8"], ["--page", "4096"]):
+        err = one_line_error(capsys, "plan", str(small), "--device", "desktop", *flags)
+        assert flags[0] in err and "re-export" in err
+    assert "--set" in one_line_error(capsys, "plan", str(small), "--device", "desktop", "--set", "hidden_size=64")
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints" / "step_00000001", lively_model())
+    assert "--set" in one_line_error(capsys, "plan", str(run), "--device", "desktop", "--set", "num_layers=9")
+    # Honoured where they apply: a preset is laid out as the flags say.
+    assert main(["plan", "tiny", "--device", "desktop", "--quant", "int8", "--set", "num_layers=3", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert sum(1 for it in plan["items"] if it["name"].endswith("0.input_layernorm.weight")) == 1
+    assert not any(it["name"].startswith("layers.3.") for it in plan["items"])
+
+
+def test_plan_context_beyond_the_model_is_refused(small, capsys):
+    assert "beyond the model's context" in one_line_error(capsys, "plan", str(small), "--device", "desktop",
+                                                           "--context", "100000")
+
+
+DEVICE = ('[devices.d]\ndescription = "x"\nflops_per_s = {flops}\n'
+          '[[devices.d.tiers]]\nname = "ram"\nkind = "ram"\ncapacity = {cap}\nread_mb_s = {ram_bw}\n'
+          '[[devices.d.tiers]]\nname = "rom"\nkind = "storage"\ncapacity = 100000000\nread_mb_s = 10\n'
+          'latency_us = {lat}\npage = {page}\n')
+GOOD = {"flops": "1e9", "cap": "1000000000", "ram_bw": "100", "lat": "1.0", "page": "1"}
+
+
+@pytest.mark.parametrize(("field", "value", "names"), [
+    ("ram_bw", "0", "read_mb_s"), ("ram_bw", "nan", "read_mb_s"), ("ram_bw", "inf", "read_mb_s"),
+    ("cap", "-5", "capacity"), ("cap", "1.5", "capacity"), ("flops", "0", "flops_per_s"),
+    ("lat", "-1", "latency_us"), ("page", "0", "page"), ("ram_bw", '"fast"', "read_mb_s"),
+])
+def test_bad_device_profile_values_name_the_profile_and_field(small, tmp_path, capsys, field, value, names):
+    dev = tmp_path / "devs.toml"
+    dev.write_text(DEVICE.format(**{**GOOD, field: value}))
+    err = one_line_error(capsys, "plan", str(small), "--device", "d", "--devices", str(dev))
+    assert "device 'd'" in err and names in err
+
+
+def test_the_shipped_device_profiles_pass_the_checks():
+    from plelab.edge.plan import load_devices
+
+    assert {"esp32-s3", "esp32-p4", "phone-ufs4", "desktop"} <= set(load_devices())
+
+
+# --- corrupt or non-UTF-8 inputs ------------------------------------------------------------------------------
+
+
+def test_non_utf8_and_corrupt_inputs_are_one_line(small, tmp_path, capsys):
+    latin = tmp_path / "model.toml"
+    latin.write_bytes('preset = "tiny"\n# caf\xe9\n'.encode("latin-1"))
+    junk = tmp_path / "junk.json"
+    junk.write_text("{not json")
+    for argv in (["params", str(latin)], ["plan", str(latin), "--device", "desktop"],
+                 ["export", str(latin), "--out", str(tmp_path / "a.ple")], ["params", str(junk)],
+                 ["plan", str(junk), "--device", "desktop"]):
+        one_line_error(capsys, *argv)
+    devs = tmp_path / "devs.toml"
+    devs.write_bytes(b"[devices.d]\ndescription = \"\xff\xfe\"\n")
+    assert "device file" in one_line_error(capsys, "plan", str(small), "--device", "d", "--devices", str(devs))
+    tok = tmp_path / "tok.json"
+    tok.write_bytes(b"\xff\xfe{}")
+    bare = tmp_path / "bare.ple"
+    export_model(lively_model(), bare, ExportOptions(quant="int8"))
+    one_line_error(capsys, "run", str(bare), "--prompt", "hi", "--tokenizer", str(tok))
+    run = tmp_path / "run" / "checkpoints" / "step_00000001"
+    from plelab.training.checkpoint import save_checkpoint
+
+    save_checkpoint(run, lively_model())
+    (run / "config.json").write_bytes(b"\xff\xfe not json")
+    for argv in (["plan", str(tmp_path / "run"), "--device", "desktop"],
+                 ["export", str(tmp_path / "run"), "--out", str(tmp_path / "b.ple")]):
+        one_line_error(capsys, *argv)
+
+
+def test_run_on_a_folder_or_with_a_corrupt_embedded_tokenizer_is_one_line(tmp_path, capsys):
+    from plelab.edge.format import PleFile
+
+    assert "is a folder" in one_line_error(capsys, "run", str(tmp_path), "--ids", "1")
+    tok = Tokenizer.byte_level()
+    out = tmp_path / "m.ple"
+    export_model(lively_model(f"vocab_size={tok.vocab_size}"), out, ExportOptions(quant="int8"),
+                 tokenizer_json=tok.to_json())
+    with PleFile(out) as f:
+        sec = f.layout.section("tokenizer")
+    raw = bytearray(out.read_bytes())
+    raw[sec.offset + sec.nbytes // 2] ^= 0xFF
+    out.write_bytes(bytes(raw))
+    assert "tokenizer" in one_line_error(capsys, "run", str(out), "--prompt", "hi", "--verify", "core")
+
+
+def test_plelab_run_never_imports_torch(small):
+    code = ("import sys; from plelab.cli.main import main; "
+            f"rc = main(['run', {str(small)!r}, '--ids', '1,2', '--max-new-tokens', '3', '--temperature', '0.7']); "
+            "print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "0 False", out.stderr

@@ -8,6 +8,7 @@ import torch
 from conftest import lively_model
 
 from plelab.edge.runtime import EdgeModel
+from plelab.inference.generate import generate
 
 
 def torch_logits(model, ids: torch.Tensor) -> np.ndarray:
@@ -73,6 +74,6 @@ def test_quantised_exports_degrade_in_order(export_tmp):
 def test_greedy_generation_matches_pytorch_generate(export_tmp):
     model = lively_model()
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
-    want = [int(t) for t in model.generate(prompt, 20, temperature=0.0)]
+    want = list(generate(model, prompt[0].tolist(), 20, temperature=0.0))
     rt = EdgeModel(export_tmp(model, quant="fp32"))
     assert list(rt.generate(prompt[0].tolist(), 20, temperature=0.0)) == want
