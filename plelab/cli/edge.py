@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
+from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
 from plelab.errors import PlelabError
 
@@ -30,30 +33,39 @@ def _add_export(sub) -> None:
     )
     p.add_argument("source", help="checkpoint or run directory (trained weights), or a preset / config file (random)")
     p.add_argument("--out", required=True, help="output .ple file (written atomically)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file (never an input)")
     _add_layout_flags(p)
     p.add_argument("--no-scale-search", action="store_true", help="plain absmax scales (faster, slightly worse)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not embed the checkpoint's tokenizer.json")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights of a preset (default 0)")
+    p.add_argument("--seed", type=options.nonneg_int, default=0,
+                   help="seed of the random weights of a preset (default 0)")
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     add_set_flag(p)
 
 
+# Layout flags default to None (= ExportOptions' default) so `plan` can tell which ones were given.
+LAYOUT_FLAGS = {"quant": "--quant", "group": "--group", "embed_in_record": "--embed-in-record",
+                "align": "--align", "page": "--page"}
+
+
 def _add_layout_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quant", default="int4", choices=["fp32", "fp16", "int8", "int4"],
+    p.add_argument("--quant", choices=["fp32", "fp16", "int8", "int4"],
                    help="encoding of matrices and tables (default int4; vectors stay fp16/fp32)")
-    p.add_argument("--group", type=int, default=128, help="values per fp16 scale for int8/int4 (default 128)")
-    p.add_argument("--embed-in-record", action="store_true",
+    p.add_argument("--group", type=options.positive_int, help="values per fp16 scale for int8/int4 (default 128)")
+    p.add_argument("--embed-in-record", action="store_true", default=None,
                    help="store each token's embedding row inside its PLE record (one read per token; "
                         "a tied head then stores the embedding twice)")
-    p.add_argument("--align", type=int, default=1, help="PLE record stride multiple in bytes (default 1: packed)")
-    p.add_argument("--page", type=int, default=0, help="flash page size: no PLE record straddles a page (default 0)")
+    p.add_argument("--align", type=options.positive_int,
+                   help="PLE record stride multiple in bytes (default 1: packed)")
+    p.add_argument("--page", type=options.nonneg_int,
+                   help="flash page size: no PLE record straddles a page (default 0: none)")
 
 
 def _options(args: argparse.Namespace):
     from plelab.edge.export import ExportOptions
 
-    return ExportOptions(args.quant, args.group, args.embed_in_record, args.align, args.page,
-                         not getattr(args, "no_scale_search", False))
+    given = {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k) is not None}
+    return ExportOptions(**given, scale_search=not getattr(args, "no_scale_search", False))
 
 
 def _layout_summary(layout) -> dict:
@@ -70,8 +82,10 @@ def _layout_summary(layout) -> dict:
 
 def run_export(args: argparse.Namespace) -> int:
     """Export and print what was written."""
-    from plelab.edge.export import export_source
+    from plelab.edge.export import export_inputs, export_source
+    from plelab.util.fs import check_output_path
 
+    check_output_path(args.out, overwrite=args.overwrite, inputs=export_inputs(args.source))
     layout = export_source(args.source, args.out, _options(args), args.overrides, args.seed, not args.no_tokenizer)
     info = {"out": args.out, **_layout_summary(layout)}
     if args.json:
@@ -96,7 +110,8 @@ def _add_plan(sub) -> None:
     p.add_argument("model", help=".ple file, or a preset / config file / checkpoint (laid out as --quant etc. say)")
     p.add_argument("--device", required=True, help="device profile name (esp32-s3, esp32-p4, phone-ufs4, desktop)")
     p.add_argument("--devices", help="TOML file with your own device profiles (schema: plelab/edge/devices.toml)")
-    p.add_argument("--context", type=int, help="position at which KV traffic is counted (default: max_seq_len)")
+    p.add_argument("--context", type=options.positive_int,
+                   help="position at which KV traffic is counted (default and at most: max_seq_len)")
     p.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "int8"], help="KV cache type (default fp16)")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
     _add_layout_flags(p)
@@ -104,24 +119,29 @@ def _add_plan(sub) -> None:
 
 
 def _load_layout(args: argparse.Namespace):
-    """Layout of a .ple file (metadata only), or of a preset / config / checkpoint exported as the flags say."""
+    """Layout of a .ple file (metadata only), or of a preset / config / checkpoint exported as the flags say.
+
+    A .ple file's layout is fixed at export and a checkpoint's shape by its weights: flags that would change
+    them are refused, not ignored.
+    """
     path = Path(args.model)
-    if path.is_file() and path.suffix == ".ple":
+    is_ple = path.is_file() and path.suffix == ".ple"
+    if args.overrides and (is_ple or path.is_dir()):
+        what = "a .ple file" if is_ple else "a checkpoint"
+        raise PlelabError(f"--set applies to presets and config files, not to {what} (its shape is fixed)")
+    if is_ple:
         from plelab.edge.format import PleFile
 
+        given = [flag for key, flag in LAYOUT_FLAGS.items() if getattr(args, key) is not None]
+        if given:
+            raise PlelabError(f"{', '.join(given)} cannot change the layout of a .ple file (fixed at export); "
+                              "re-export with them, or plan the checkpoint or preset instead")
         with PleFile(path, verify="none") as f:
             return f.layout
-    from plelab.edge.export import layout_for_config
+    from plelab.edge.export import checkpoint_config, layout_for_config
     from plelab.model.presets import load_model_config
 
-    if path.is_dir():
-        from plelab.model.config import ModelConfig
-        from plelab.training.checkpoint import read_checkpoint_config
-        from plelab.util.dataclass_config import from_dict
-
-        cfg = from_dict(ModelConfig, read_checkpoint_config(path)["model"])
-    else:
-        cfg = load_model_config(args.model, args.overrides)
+    cfg = checkpoint_config(path) if path.is_dir() else load_model_config(args.model, args.overrides)
     return layout_for_config(cfg, _options(args))
 
 
@@ -130,7 +150,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from plelab.edge.plan import PlanError, get_device, plan_with_trade
 
     device = get_device(args.device, args.devices)
-    result = plan_with_trade(_load_layout(args), device, args.context, args.kv_dtype)
+    layout = _load_layout(args)
+    if args.context is not None and args.context > layout.model["max_seq_len"]:
+        raise PlanError(f"--context {args.context} is beyond the model's context ({layout.model['max_seq_len']})")
+    result = plan_with_trade(layout, device, args.context, args.kv_dtype)
     result["model"] = args.model
     if args.json:
         print_json(result)
@@ -192,15 +215,16 @@ def _add_run(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (tokenized with the tokenizer stored in the file)")
     src.add_argument("--ids", help="prompt as comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), else sampling temperature")
-    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--max-new-tokens", type=options.positive_int, default=32, help="tokens to generate (default 32)")
+    options.add_sampling_flags(p)
     p.add_argument("--tokenizer", help="tokenizer.json to use when the file has none")
     p.add_argument("--device", help="count traffic per tier of this device's plan (default: host file / ram)")
     p.add_argument("--devices", help="TOML file with your own device profiles")
     p.add_argument("--verify", default="full", choices=["full", "core", "none"],
                    help="checksums to verify on open: every byte (default), all but the row tables, or none")
+    p.add_argument("--engine", default="numpy", choices=["numpy", "c"],
+                   help="numpy (the reference, default) or c: the C runtime, built with the system compiler on "
+                        "first use and cached (docs/c-runtime.md)")
     p.add_argument("--json", action="store_true", help="machine-readable result")
 
 
@@ -208,7 +232,10 @@ def _tokenizer(model, args: argparse.Namespace):
     """The file's tokenizer, else --tokenizer, else the plain byte tokenizer when the vocabulary allows it."""
     from plelab.data.tokenizer import Tokenizer
 
-    text = model.file.tokenizer_json()
+    try:
+        text = model.file.tokenizer_json()
+    except (zlib.error, UnicodeDecodeError) as exc:  # reachable with --verify core/none, which skip its checksum
+        raise PlelabError(f"{args.model}: the embedded tokenizer is corrupt ({exc}); pass --tokenizer FILE") from exc
     if text is not None:
         return Tokenizer.from_json(text)
     if args.tokenizer:
@@ -227,22 +254,17 @@ def _parse_ids(text: str) -> list[int]:
         raise PlelabError(f"--ids wants comma-separated integers, got {text!r}") from exc
 
 
-def run_run(args: argparse.Namespace) -> int:
-    """Generate, then report text, tokens/s and traffic per tier per token."""
-    from plelab.edge.runtime import EdgeModel
+def _collect(tokens: Iterator[int], into: list[int]) -> Iterator[int]:
+    """Pass `tokens` through, appending each to `into`."""
+    for t in tokens:
+        into.append(t)
+        yield t
 
-    placement, kv_bytes = None, 4  # host: the runtime's own float32 KV cache
-    if args.device:
-        from plelab.edge.format import PleFile
-        from plelab.edge.plan import KV_BYTES, get_device, plan
 
-        with PleFile(args.model, verify="none") as f:
-            planned = plan(f.layout, get_device(args.device, args.devices))
-        if not planned["fits"]:
-            raise PlelabError(f"{args.model} does not fit {args.device} (see plelab plan); "
-                              "its traffic per tier would mean nothing")
-        placement, kv_bytes = planned["placement"], KV_BYTES[planned["kv_dtype"]]
-    model = EdgeModel(args.model, args.verify, placement, kv_bytes)
+def _generate(model, args: argparse.Namespace) -> dict:
+    """Run the request on an open `EdgeModel` (streaming text unless --json); the result record."""
+    from plelab.inference.generate import fit_context, stream_text
+
     tok = None
     if args.prompt is not None:
         tok = _tokenizer(model, args)
@@ -250,18 +272,19 @@ def run_run(args: argparse.Namespace) -> int:
     else:
         ids = _parse_ids(args.ids)
     model.check_ids(ids)
-    out, shown = [], ""
-    for t in model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                            tok.eot_id if tok else None):
-        out.append(t)
-        if tok and not args.json:
-            text = tok.decode(out)
-            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                sys.stdout.write(text[len(shown):])
-                sys.stdout.flush()
-                shown = text
+    fit = fit_context(ids, args.max_new_tokens, model.cfg["max_seq_len"])
+    if fit.note:
+        print(f"plelab run: {fit.note}", file=sys.stderr)
+    ids, out = fit.prompt, []
+    tokens = model.generate(ids, fit.max_new_tokens, options.sampling(args), tok.eot_id if tok else None)
+    if tok and not args.json:
+        for piece in stream_text(_collect(tokens, out), tok.decode):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    else:
+        out.extend(tokens)
     tm = model.timing
-    result = {
+    return {
         "model": args.model,
         "prompt_tokens": len(ids),
         "generated_ids": out,
@@ -273,11 +296,78 @@ def run_run(args: argparse.Namespace) -> int:
         "tiers": "device plan: " + args.device if args.device else "host: file = mmap'd rows, ram = float32 copies",
         "resident_bytes": model.resident_bytes,
     }
-    model.close()
+
+
+def _generate_c(args: argparse.Namespace) -> dict:
+    """Run the request with the C runtime (plelab.edge.c_engine): the same result record as `_generate`."""
+    from types import SimpleNamespace
+
+    from plelab.edge import c_engine
+    from plelab.edge.format import PleFile
+    from plelab.inference.generate import fit_context
+
+    with PleFile(args.model, verify="none") as f:  # the C runtime verifies; here only the tokenizer is read
+        cfg, tok = f.layout.model, None
+        if args.prompt is not None:
+            tok = _tokenizer(SimpleNamespace(file=f, vocab=cfg["vocab_size"]), args)
+    ids = tok.encode(args.prompt) if tok else _parse_ids(args.ids)
+    fit = fit_context(ids, args.max_new_tokens, cfg["max_seq_len"])
+    if fit.note:
+        print(f"plelab run: {fit.note}", file=sys.stderr)
+    ids = fit.prompt
+    r = c_engine.run(args.model, ids, len(ids) + fit.max_new_tokens - 1, args.temperature, args.top_k, args.seed,
+                     top_p=args.top_p, verify=args.verify, device=args.device, devices_file=args.devices)
+    out = r["tokens"][len(ids):]
+    if tok and tok.eot_id in out:
+        out = out[: out.index(tok.eot_id) + 1]
+    if tok and not args.json:
+        sys.stdout.write(tok.decode(out))
+    return {
+        "model": args.model,
+        "engine": "c",
+        "prompt_tokens": len(ids),
+        "generated_ids": out,
+        "text": tok.decode(out) if tok else None,
+        "prefill_tokens_per_s": None,
+        "tokens_per_s": r["tok_per_s"] or None,
+        "tokens_counted": r["positions"],
+        "bytes_per_token": {k: v["bytes_per_token"] for k, v in r["traffic"].items()},
+        "reads_per_token": {k: v["reads_per_token"] for k, v in r["traffic"].items()},
+        "tiers": "device plan: " + args.device if args.device else "host: file = pread rows, ram = weights as stored",
+        "resident_bytes": r["arena_bytes"],
+    }
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """Generate, then report text, tokens/s and traffic per tier per token."""
+    from plelab.edge.runtime import EdgeModel
+
+    if Path(args.model).is_dir():
+        raise PlelabError(f"{args.model} is a folder; give a .ple file (plelab export makes one from a run)")
+    placement, kv_bytes = None, 4  # host: the runtime's own float32 KV cache
+    if args.device:
+        from plelab.edge.format import PleFile
+        from plelab.edge.plan import KV_BYTES, get_device, plan
+
+        with PleFile(args.model, verify="none") as f:
+            planned = plan(f.layout, get_device(args.device, args.devices))
+        if not planned["fits"]:
+            raise PlelabError(f"{args.model} does not fit {args.device} (see plelab plan); "
+                              "its traffic per tier would mean nothing")
+        placement, kv_bytes = planned["placement"], KV_BYTES[planned["kv_dtype"]]
+    if args.engine == "c":
+        result = _generate_c(args)
+    else:
+        model = EdgeModel(args.model, args.verify, placement, kv_bytes)
+        try:
+            result = _generate(model, args)
+        finally:
+            model.close()
+    out = result["generated_ids"]
     if args.json:
         print_json(result)
         return 0
-    if tok is None:
+    if result["text"] is None:
         print("ids:", ",".join(map(str, out)), flush=True)
     else:
         print(flush=True)

@@ -65,8 +65,10 @@ class ExportOptions:
     def __post_init__(self) -> None:
         if self.quant not in DTYPES or self.quant == "u1":
             raise ExportError(f"--quant must be fp32, fp16, int8 or int4, got {self.quant!r}")
-        if self.group <= 0:
-            raise ExportError(f"--group must be > 0, got {self.group}")
+        for name, low in (("group", 1), ("align", 1), ("page", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ExportError(f"--{name} must be an integer >= {low}, got {value!r}")
 
     @property
     def matrix_enc(self) -> Encoding:
@@ -218,18 +220,48 @@ def random_model(cfg: ModelConfig, seed: int) -> tuple[LanguageModel, Callable[[
     return model, rows
 
 
+def checkpoint_config(path: str | Path) -> ModelConfig:
+    """The model config of a checkpoint or run dir (no weights read); a bad config.json is one clear error."""
+    from plelab.training.checkpoint import CheckpointError, read_checkpoint_config
+    from plelab.util.dataclass_config import ConfigError, from_dict
+
+    meta = read_checkpoint_config(path)
+    try:
+        return from_dict(ModelConfig, meta["model"])
+    except (ConfigError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: the checkpoint's config.json has no valid model config ({exc})") from exc
+
+
+def export_inputs(src: str | Path) -> tuple[Path, ...]:
+    """Files an export of `src` reads (a config file, or every file of the checkpoint): never its output."""
+    path = Path(src)
+    if not path.is_dir():
+        return (path,) if path.exists() else ()
+    from plelab.training.checkpoint import CheckpointError, resolve_checkpoint
+
+    try:
+        ckpt = resolve_checkpoint(path)
+    except CheckpointError:
+        return (path,)
+    return (path, *sorted(p for p in ckpt.iterdir() if p.is_file()))
+
+
 def export_source(src: str, out: str | Path, opts: ExportOptions, overrides: list[str] | None = None,
                   seed: int = 0, with_tokenizer: bool = True) -> Layout:
     """Export a checkpoint/run dir (trained weights) or a preset/config file (random weights)."""
     path = Path(src)
     if path.is_dir():
-        from plelab.training.checkpoint import load_model, resolve_checkpoint
+        from plelab.inference.load import load_model
+        from plelab.training.checkpoint import resolve_checkpoint
 
         if overrides:
             raise ExportError("--set only applies to presets and config files, not to a checkpoint")
         model, _ = load_model(path)
         tok = resolve_checkpoint(path) / "tokenizer.json"
-        text = tok.read_text(encoding="utf-8") if with_tokenizer and tok.is_file() else None
+        try:
+            text = tok.read_text(encoding="utf-8") if with_tokenizer and tok.is_file() else None
+        except UnicodeDecodeError as exc:
+            raise ExportError(f"{tok} is not UTF-8 text (corrupt?); pass --no-tokenizer to export without it") from exc
         return export_model(model, out, opts, text, {"checkpoint": str(model.checkpoint_dir)})
     cfg = load_model_config(src, overrides)
     model, rows = random_model(cfg, seed)

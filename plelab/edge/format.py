@@ -2,8 +2,11 @@
 
 Byte-level specification: docs/ple-format.md. In short (little-endian throughout):
 
-    [header, 64 B] [section table, 64 B per section] [meta JSON] [tensors] [row tables ...] [tokenizer]
+    [header, 64 B] [section table, 64 B per section] [meta JSON] [model] [tensors] [row tables ...] [tokenizer]
 
+Version 2 adds `model`, a fixed binary description of the model (dims, flags, tensor directory, record
+layouts) so a microcontroller runtime needs neither an inflater nor a JSON parser; it repeats what the meta
+JSON says, and a reader checks that the two agree. Version 1 files (no `model` section) are still read.
 Dense tensors (read whole on every token) live in the `tensors` section as a codes block then a scales
 block each. Row tables (the PLE table, the main embedding) are arrays of fixed-stride *records*: one
 record holds everything a token needs from that table (codes and scales of every part), so a token
@@ -20,8 +23,8 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import struct
-import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,12 +35,30 @@ import numpy as np
 
 from plelab.edge.quant import Encoding, QuantError, dequantize
 from plelab.errors import PlelabError
+from plelab.util.fs import atomic_writer
 
 MAGIC = b"\x89PLE\r\n\x1a\n"  # PNG-style: non-ASCII first byte and CR/LF/^Z catch text-mode mangling
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)  # versions this reader understands; the writer always writes VERSION
 # magic, version, header bytes, file bytes, section count, section-table crc32, body crc32, reserved, header crc32
 HEADER = struct.Struct("<8sIIQIII24sI")
 SECTION = struct.Struct("<16sQQ32s")  # name, offset, bytes, sha256
+# The `model` section (version 2): a fixed head, the PLE layer indices (u32), the name suffixes (NUL-terminated
+# strings), one entry per dense tensor, then per row table an entry followed by its parts; each of the first
+# three blocks padded to 8 bytes. Field order: docs/ple-format.md section 4b. A tensor name is `layers.{layer}.`
+# + its suffix (or the suffix alone, layer NO_LAYER): per-layer names share one string, which keeps the section
+# small (the esp32-28m file stays within the reference deployment's size).
+MODEL_MAGIC = b"PLEM"
+MODEL_HEAD = struct.Struct("<4s21I2d")
+TENSOR_DESC = struct.Struct("<HHBBHI4IQQ")  # layer, suffix offset, dtype, ndim, 0, group, shape[4], codes, scales
+NO_LAYER = 0xFFFF
+_LAYER_NAME = re.compile(r"layers\.(\d+)\.(.+)")
+TABLE_DESC = struct.Struct("<16sQ6I")  # name, rows, record_bytes, stride, align, page, parts, 0
+PART_DESC = struct.Struct("<16sBBHIIIII")  # name, dtype, 0, 0, group, length, codes, scales, 0
+DTYPE_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "u1": 4}
+FFN_CODES = {"swiglu": 0, "mglu": 1, "lowrank": 2}
+GATE_CODES = {"input": 0, "scalar": 1, "vector": 2}
+FLAG_TIE, FLAG_EMBED_SCALE, FLAG_PLE_CONTEXT, FLAG_PLE_OUTPUT_NORM = 1, 2, 4, 8
 SECTION_ALIGN = 64  # every section starts on a 64-byte boundary (cache line; mmap-friendly)
 TENSOR_ALIGN = 8  # every codes / scales block inside `tensors` starts on an 8-byte boundary
 VERIFY_MODES = ("full", "core", "none")
@@ -251,6 +272,8 @@ class Layout:
     source: dict[str, Any] = field(default_factory=dict)
     sections: list[Section] = field(default_factory=list)
     file_bytes: int = 0
+    version: int = VERSION
+    """Format version of the file this layout describes (a new layout is always written as VERSION)."""
 
     def __post_init__(self) -> None:
         pos = 0
@@ -264,7 +287,7 @@ class Layout:
 
     def meta(self) -> dict[str, Any]:
         """The meta JSON object (offsets inside it are relative to their section, so its size is stable)."""
-        return {"format": "plelab-ple", "version": VERSION, "model": self.model, "derived": self.derived,
+        return {"format": "plelab-ple", "version": self.version, "model": self.model, "derived": self.derived,
                 "quant": self.quant, "tensors": [t.to_json() for t in self.tensors],
                 "tables": [t.to_json() for t in self.tables], "tokenizer": self.tokenizer, "source": self.source}
 
@@ -272,9 +295,51 @@ class Layout:
         """The meta section as stored: zlib-compressed compact UTF-8 JSON (a quarter of the plain size)."""
         return zlib.compress(json.dumps(self.meta(), separators=(",", ":"), sort_keys=True).encode(), 9)
 
+    def model_desc(self) -> bytes:
+        """The binary `model` section (version 2): what a runtime without JSON needs, fixed-size fields."""
+        m, d = self.model, self.derived
+        ffn, ple = m["ffn"], m["ple"]
+        flags = (FLAG_TIE * bool(m["tie_embeddings"]) | FLAG_EMBED_SCALE * bool(m["embed_scale"])
+                 | FLAG_PLE_CONTEXT * bool(ple["context"]) | FLAG_PLE_OUTPUT_NORM * bool(ple["output_norm"]))
+        layers = list(d["ple_layers"])
+        names, offsets = [], {}
+        for t in self.tensors:
+            hit = _LAYER_NAME.fullmatch(t.name)
+            layer, suffix = (int(hit[1]), hit[2]) if hit and int(hit[1]) < NO_LAYER else (NO_LAYER, t.name)
+            names.append((layer, suffix))
+            offsets.setdefault(suffix, sum(len(k.encode()) + 1 for k in offsets))
+        strings = b"".join(k.encode() + b"\0" for k in offsets)
+        try:
+            head = MODEL_HEAD.pack(MODEL_MAGIC, MODEL_HEAD.size, m["hidden_size"], m["num_layers"], m["num_heads"],
+                                   d["kv_heads"], d["head_dim"], m["vocab_size"], m["max_seq_len"],
+                                   FFN_CODES[ffn["kind"]], ffn["intermediate_size"], ffn.get("mask_count", 1),
+                                   ffn.get("rank", 0), ple["dim"], d["ple_vocab_size"], len(layers),
+                                   GATE_CODES[ple["gate"]], flags, len(self.tensors), len(self.tables),
+                                   len(strings), 0, m["norm_eps"], m["rope_theta"])
+            entries = []
+            for t, (layer, suffix) in zip(self.tensors, names, strict=True):
+                if len(t.shape) > 4 or len(t.name.encode()) >= 64 or t.vector != t.numel:
+                    raise PleFormatError(f"tensor {t.name}: the binary description holds one quantisation vector, "
+                                         "<= 4 dims and names < 64 bytes")
+                entries.append(TENSOR_DESC.pack(layer, offsets[suffix], DTYPE_CODES[t.enc.dtype], len(t.shape), 0,
+                                                t.enc.group, *t.shape, *[0] * (4 - len(t.shape)), t.codes, t.scales))
+            tables = []
+            for tab in self.tables:
+                tables.append(TABLE_DESC.pack(tab.name.encode(), tab.rows, tab.record_bytes, tab.stride, tab.align,
+                                              tab.page, len(tab.parts), 0))
+                tables += [PART_DESC.pack(p.name.encode(), DTYPE_CODES[p.enc.dtype], 0, 0, p.enc.group, p.length,
+                                          p.codes, p.scales, 0) for p in tab.parts]
+        except (struct.error, KeyError) as exc:
+            raise PleFormatError(f"the model cannot be described in format version {VERSION} ({exc})") from exc
+        blocks = [struct.pack(f"<{len(layers)}I", *layers), strings, b"".join(entries)]
+        return head + b"".join(b + bytes(-len(b) % 8) for b in blocks) + b"".join(tables)
+
     def _section_sizes(self) -> list[tuple[str, int, int]]:
         """(name, bytes, alignment) in file order."""
-        out = [("meta", len(self.meta_bytes()), 1), ("tensors", self._tensors_bytes, SECTION_ALIGN)]
+        out = [("meta", len(self.meta_bytes()), 1)]
+        if self.version >= 2:
+            out.append(("model", len(self.model_desc()), TENSOR_ALIGN))
+        out.append(("tensors", self._tensors_bytes, SECTION_ALIGN))
         for t in self.tables:
             out.append((t.name, t.nbytes, max(SECTION_ALIGN, t.align, t.page)))
         if self.tokenizer:
@@ -324,49 +389,34 @@ class Layout:
 
 
 def write_ple(path: str | Path, layout: Layout, sections: dict[str, Iterable[bytes | memoryview]]) -> Layout:
-    """Write a .ple atomically (temp file + fsync + rename), streaming each data section from `sections`."""
+    """Write a .ple atomically (`plelab.util.fs.atomic_writer`), streaming each data section from `sections`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            body_start = HEADER.size + SECTION.size * len(layout.sections)
-            f.write(bytes(body_start))
-            body_crc = 0
-            pos = body_start
-            for sec in layout.sections:
-                pad = bytes(sec.offset - pos)
-                f.write(pad)
-                body_crc = zlib.crc32(pad, body_crc)
-                h = hashlib.sha256()
-                n = 0
-                for chunk in [layout.meta_bytes()] if sec.name == "meta" else sections[sec.name]:
-                    f.write(chunk)
-                    h.update(chunk)
-                    body_crc = zlib.crc32(chunk, body_crc)
-                    n += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
-                if n != sec.nbytes:
-                    raise PleFormatError(f"section {sec.name}: wrote {n} bytes, layout says {sec.nbytes}")
-                sec.sha256 = h.digest()
-                pos = sec.offset + n
-            table = b"".join(SECTION.pack(s.name.encode(), s.offset, s.nbytes, s.sha256) for s in layout.sections)
-            f.seek(0)
-            f.write(_pack_header(layout.file_bytes, len(layout.sections), zlib.crc32(table), body_crc))
-            f.write(table)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)  # make the rename itself durable
-    finally:
-        os.close(dfd)
+    with atomic_writer(path) as f:
+        body_start = HEADER.size + SECTION.size * len(layout.sections)
+        f.write(bytes(body_start))
+        body_crc = 0
+        pos = body_start
+        for sec in layout.sections:
+            pad = bytes(sec.offset - pos)
+            f.write(pad)
+            body_crc = zlib.crc32(pad, body_crc)
+            h = hashlib.sha256()
+            n = 0
+            fixed = {"meta": layout.meta_bytes, "model": layout.model_desc}.get(sec.name)
+            for chunk in [fixed()] if fixed else sections[sec.name]:
+                f.write(chunk)
+                h.update(chunk)
+                body_crc = zlib.crc32(chunk, body_crc)
+                n += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+            if n != sec.nbytes:
+                raise PleFormatError(f"section {sec.name}: wrote {n} bytes, layout says {sec.nbytes}")
+            sec.sha256 = h.digest()
+            pos = sec.offset + n
+        table = b"".join(SECTION.pack(s.name.encode(), s.offset, s.nbytes, s.sha256) for s in layout.sections)
+        f.seek(0)
+        f.write(_pack_header(layout.file_bytes, len(layout.sections), zlib.crc32(table), body_crc))
+        f.write(table)
     return layout
 
 
@@ -416,9 +466,9 @@ class PleFile:
         magic, version, hbytes, file_bytes, n_sec, table_crc, body_crc, _, crc = HEADER.unpack(head)
         if magic != MAGIC:
             raise self._fail(f"not a .ple file (magic {magic!r}, expected {MAGIC!r})")
-        if version != VERSION:
-            raise self._fail(f"format version {version} is not supported (this plelab reads version {VERSION}); "
-                             "re-export the model with this plelab")
+        if version not in READ_VERSIONS:
+            raise self._fail(f"format version {version} is not supported (this plelab reads versions "
+                             f"{', '.join(map(str, READ_VERSIONS))}); re-export the model with this plelab")
         if zlib.crc32(head[:-4]) != crc or hbytes != HEADER.size:
             raise self._fail("header is corrupt (crc32 mismatch)")
         if size < file_bytes:
@@ -439,14 +489,18 @@ class PleFile:
         meta_sec = next((s for s in sections if s.name == "meta"), None)
         if meta_sec is None:
             raise self._fail("has no meta section")
-        raw = self._pread(meta_sec.nbytes, meta_sec.offset)
-        if hashlib.sha256(raw).digest() != meta_sec.sha256:
-            raise self._fail("section 'meta' fails its sha256 checksum (file corrupt)")
+        raw = self._section_bytes(meta_sec)
         try:
             m = json.loads(zlib.decompress(raw))
             layout = Layout(m["model"], m["derived"], m["quant"], [TensorEntry.from_json(t) for t in m["tensors"]],
                             [Table.from_json(t) for t in m["tables"]], m["tokenizer"], m.get("source", {}),
-                            sections=sections, file_bytes=file_bytes)
+                            sections=sections, file_bytes=file_bytes, version=version)
+            if version >= 2:
+                model_sec = next((s for s in sections if s.name == "model"), None)
+                if model_sec is None:
+                    raise self._fail("has no model section (required from format version 2)")
+                if self._section_bytes(model_sec) != layout.model_desc():
+                    raise self._fail("the binary model description disagrees with the meta JSON (corrupt writer?)")
         except (ValueError, KeyError, TypeError, QuantError, zlib.error) as exc:
             raise self._fail(f"metadata is invalid ({exc})") from exc
         for name, nbytes, _ in layout._section_sizes():
@@ -454,6 +508,13 @@ class PleFile:
                 have = layout.section(name).nbytes
                 raise self._fail(f"section {name!r} has {have} bytes, its contents need {nbytes}")
         return layout
+
+    def _section_bytes(self, sec: Section) -> bytes:
+        """A small section's bytes, checked against its sha256 (meta and model are always verified)."""
+        raw = self._pread(sec.nbytes, sec.offset)
+        if hashlib.sha256(raw).digest() != sec.sha256:
+            raise self._fail(f"section {sec.name!r} fails its sha256 checksum (file corrupt)")
+        return raw
 
     def _verify(self, full: bool) -> None:
         """Check section sha256s (all of them, or all but the row tables and tokenizer) and the body crc32."""

@@ -16,14 +16,17 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from plelab.edge.format import PleFile
 from plelab.errors import PlelabError
+from plelab.inference.generate import check_fits, generate_ids
+from plelab.inference.sampling import Sampling
+from plelab.model.config import FFN_KINDS
+from plelab.model.config import PLE_GATES as GATES
 
-FFN_KINDS = ("swiglu", "mglu", "lowrank")
-GATES = ("input", "scalar", "vector")
 HOST_TIERS = {"rows": "file", "dense": "ram"}
 PREFILL_CHUNK = 32  # prompt tokens per forward call during prefill
 
@@ -314,44 +317,32 @@ class EdgeModel:
 
     # --- generation ---------------------------------------------------------------------------------------
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                 seed: int = 0, stop_id: int | None = None) -> Iterator[int]:
-        """Yield sampled token ids (greedy at temperature 0), stopping at `stop_id` or a full context."""
-        if not prompt:
-            raise EdgeRuntimeError("the prompt is empty")
-        limit = self.cfg["max_seq_len"]
-        if len(prompt) > limit:
-            raise EdgeRuntimeError(f"prompt has {len(prompt)} tokens; the model's context is {limit}")
-        rng = np.random.default_rng(seed)
-        cache = self.new_cache(min(limit, len(prompt) + max_new_tokens))
+    def generate(self, prompt: list[int], max_new_tokens: int, sampling: Sampling | None = None,
+                 stop_id: int | None = None, **settings: Any) -> Iterator[int]:
+        """Yield sampled ids (the shared decode loop and sampler; `settings` are `Sampling` fields)."""
+        if sampling is not None and settings:
+            raise TypeError("pass either sampling or Sampling fields, not both")
+        sampling = sampling or Sampling(**settings)
+        check_fits(prompt, max_new_tokens, self.cfg["max_seq_len"])
+        self.check_ids(prompt)
+        # The last sampled token is never fed back: prompt + max_new_tokens - 1 positions.
+        cache = self.new_cache(len(prompt) + max_new_tokens - 1)
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "decoded": 0}
-        t0 = time.perf_counter()
-        for a in range(0, len(prompt), PREFILL_CHUNK):  # chunks bound the activation memory of long prompts
-            logits = self.forward(list(prompt[a : a + PREFILL_CHUNK]), cache)[-1]
-        self.timing["prefill_s"] = time.perf_counter() - t0
-        for step in range(max_new_tokens):
-            nxt = sample(logits, temperature, top_k, rng)
-            yield nxt
-            if step == max_new_tokens - 1 or nxt == stop_id or cache.pos >= cache.capacity:
-                return
-            t0 = time.perf_counter()
-            logits = self.forward([nxt], cache)[-1]
-            self.timing["decode_s"] += time.perf_counter() - t0
-            self.timing["decoded"] += 1
+
+        def forward(ids: list[int]) -> np.ndarray:
+            t0, prefill = time.perf_counter(), cache.pos == 0
+            for a in range(0, len(ids), PREFILL_CHUNK):  # chunks bound the activation memory of long prompts
+                logits = self.forward(ids[a : a + PREFILL_CHUNK], cache)[-1]
+            if prefill:
+                self.timing["prefill_s"] += time.perf_counter() - t0
+            else:
+                self.timing["decode_s"] += time.perf_counter() - t0
+                self.timing["decoded"] += len(ids)
+            return logits
+
+        return generate_ids(forward, prompt, max_new_tokens, sampling, stop_id)
 
     def close(self) -> None:
         """Release the file."""
         self.file.close()
 
-
-def sample(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
-    """Greedy at temperature <= 0, else softmax sampling at `temperature` over the top-k logits."""
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    if top_k:
-        kth = np.partition(z, -min(top_k, len(z)))[-min(top_k, len(z))]
-        z = np.where(z < kth, -np.inf, z)
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()
-    return int(rng.choice(len(z), p=probs))

@@ -40,7 +40,8 @@ def test_esp32_s3_plan_fits_with_the_ple_record_in_one_flash_read(esp32_file, ca
     assert all(tier == "sram" for name, tier in p.items() if name.startswith("layers."))  # the dense core
     assert plan["est_ms_per_token"] > 0 and plan["tiers"]["sram"]["used"] <= 293 * 1024
     trade = plan["embed_in_record_trade"]["alternative"]
-    assert trade["file_bytes_delta"] == 32768 * 50 and not trade["fits"]  # tied: the embedding stored twice
+    # tied: the embedding stored twice (50 B a token), plus at most one 64-byte section alignment pad
+    assert 0 <= trade["file_bytes_delta"] - 32768 * 50 <= 64 and not trade["fits"]
 
 
 def test_runtime_reads_one_396_byte_record_per_token_from_flash(esp32_file, capsys):

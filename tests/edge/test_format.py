@@ -124,8 +124,8 @@ def test_wrong_magic_and_wrong_version(good):
         PleFile(_patched(good, 0, b"GGUF"))
     head = good.read_bytes()[: fmt.HEADER.size]
     fields = list(fmt.HEADER.unpack(head))
-    repacked = fmt._pack_header(fields[3], fields[4], fields[5], fields[6], version=2)  # valid crc, new version
-    with pytest.raises(PleFormatError, match="version 2 is not supported"):
+    repacked = fmt._pack_header(fields[3], fields[4], fields[5], fields[6], version=3)  # valid crc, future version
+    with pytest.raises(PleFormatError, match="version 3 is not supported"):
         PleFile(_patched(good, 0, repacked))
 
 
@@ -146,8 +146,8 @@ def test_trailing_garbage(good):
 def test_header_is_what_the_spec_says(good):
     raw = good.read_bytes()
     magic, version, hbytes, file_bytes, n_sec = struct.unpack_from("<8sIIQI", raw)
-    assert magic == b"\x89PLE\r\n\x1a\n" and version == 1 and hbytes == 64 and file_bytes == len(raw)
+    assert magic == b"\x89PLE\r\n\x1a\n" and version == 2 and hbytes == 64 and file_bytes == len(raw)
     assert struct.unpack_from("<I", raw, 60)[0] == zlib.crc32(raw[:60])
     names = [raw[64 + 64 * i : 64 + 64 * i + 16].rstrip(b"\0").decode() for i in range(n_sec)]
-    assert names == ["meta", "tensors", "ple", "embed"]
+    assert names == ["meta", "model", "tensors", "ple", "embed"]
     assert os.path.getsize(good) == file_bytes

@@ -1,0 +1,127 @@
+/* plelab C runtime: read a .ple file (format version 2, docs/ple-format.md) and run its model.
+ *
+ * C99 + libm. Little-endian hosts only (x86, ARM, Xtensa, RISC-V as configured by ESP-IDF): weights are
+ * used in place, as stored. Every allocation happens in ple_open (one arena sized from the header); the
+ * decode loop (ple_forward) allocates nothing.
+ */
+#ifndef PLE_H
+#define PLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PLE_ERR 256           /* bytes of an error message buffer */
+#define PLE_MAX_SECTIONS 16
+#define PLE_MAX_PARTS 4
+#define PLE_MAX_TABLES 4
+#define PLE_MAX_TIERS 8
+
+enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
+enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK };
+enum { PLE_GATE_INPUT, PLE_GATE_SCALAR, PLE_GATE_VECTOR };
+enum { PLE_TIE = 1, PLE_EMBED_SCALE = 2, PLE_CONTEXT = 4, PLE_OUTPUT_NORM = 8 };
+
+/* ---- storage: where the file's bytes come from (file/pread, mmap, memory, ESP-IDF partition) ---------- */
+
+typedef struct ple_storage ple_storage;
+struct ple_storage {
+    /* Copy n bytes at offset off into dst; 0 on success, -1 on a short or failed read. */
+    int (*read)(ple_storage *s, uint64_t off, void *dst, size_t n);
+    /* n bytes at off, valid until close; NULL when this storage cannot map (then weights are copied). */
+    const void *(*map)(ple_storage *s, uint64_t off, size_t n);
+    void (*close)(ple_storage *s);
+    uint64_t size; /* bytes available */
+    void *ctx;
+    intptr_t handle;
+};
+
+int ple_storage_file(ple_storage *s, const char *path, char *err);   /* pread, nothing mapped */
+int ple_storage_mmap(ple_storage *s, const char *path, char *err);   /* whole file mapped read-only */
+void ple_storage_mem(ple_storage *s, const void *buf, size_t n);     /* a buffer (tests, fuzzing) */
+
+/* ---- the file: header, sections, binary model description ------------------------------------------ */
+
+typedef struct { char name[17]; uint64_t offset, nbytes; uint8_t sha256[32]; } ple_section;
+
+typedef struct {
+    char name[64];
+    uint8_t dtype, ndim;
+    uint32_t group, shape[4];
+    uint64_t numel, codes, scales, codes_bytes, scales_bytes; /* codes / scales: relative to `tensors` */
+} ple_tensor;
+
+typedef struct { char name[17]; uint8_t dtype; uint32_t group, length, codes, scales; } ple_part;
+
+typedef struct {
+    char name[17];
+    uint32_t rows, record_bytes, stride, align, page, n_parts;
+    ple_part parts[PLE_MAX_PARTS];
+    const ple_section *section;
+} ple_table;
+
+typedef struct {
+    uint32_t version, n_sections, body_crc;
+    uint64_t file_bytes;
+    ple_section sections[PLE_MAX_SECTIONS];
+    uint32_t hidden, layers, heads, kv_heads, head_dim, vocab, max_seq, ffn_kind, inter, mask_count, rank;
+    uint32_t ple_dim, ple_vocab, n_ple_layers, gate, flags, n_tensors, n_tables;
+    float eps, theta;
+    uint32_t *ple_layers; /* n_ple_layers sorted indices */
+    ple_tensor *tensors;
+    ple_table tables[PLE_MAX_TABLES];
+} ple_desc;
+
+/* Read and validate header, section table and model description (checksums of meta + model included).
+ * Allocates desc->ple_layers and desc->tensors (free with ple_desc_free). 0 or -1 with err set. */
+int ple_read_desc(ple_storage *st, ple_desc *desc, char *err);
+void ple_desc_free(ple_desc *desc);
+/* SHA-256 of every other section and the body CRC-32 (tables and their padding skipped unless tables). */
+int ple_verify(ple_storage *st, const ple_desc *desc, int tables, char *err);
+const ple_section *ple_find_section(const ple_desc *d, const char *name);
+const ple_table *ple_find_table(const ple_desc *d, const char *name);
+const ple_part *ple_find_part(const ple_table *t, const char *name);
+uint64_t ple_row_offset(const ple_table *t, uint32_t row);
+uint32_t ple_crc32(uint32_t crc, const void *buf, size_t n);
+void ple_sha256(const void *buf, size_t n, uint8_t out[32]);
+
+/* ---- device profiles and placement (the same first-fit as plelab/edge/plan.py) ----------------------- */
+
+typedef struct { char name[32]; int storage; uint64_t capacity; } ple_tier;
+typedef struct { char name[64]; int n_tiers; ple_tier tiers[PLE_MAX_TIERS]; } ple_device;
+
+/* A built-in profile by name (generated from devices.toml) or a profile file; 0 or -1 with err set. */
+int ple_device_load(const char *name_or_file, ple_device *dev, char *err);
+/* The built-in profiles' names, comma separated. */
+const char *ple_device_names(void);
+
+/* ---- the model ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    int verify;                /* 0 none, 1 all but the row tables, 2 every byte */
+    int map_weights;           /* use weights in place when the storage maps (not counted in the arena) */
+    const ple_device *device;  /* NULL: host accounting (rows from `file`, weights in `ram`) */
+    uint64_t max_arena;        /* refuse models whose arena would exceed this many bytes (0: no limit) */
+} ple_options;
+
+typedef struct {
+    char tier[32];
+    double bytes, reads;
+} ple_traffic;
+
+typedef struct ple_model ple_model;
+
+int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err);
+/* Logits (vocab floats, valid until the next call) after feeding `token` at position `pos` (0, 1, 2...). */
+const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos);
+/* One token's record of a row table: one storage read of record_bytes into the model's record buffer. */
+const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row);
+const ple_desc *ple_model_desc(const ple_model *m);
+/* Per-tier traffic accumulated so far; returns the tier count, fills at most max entries. */
+int ple_model_traffic(const ple_model *m, ple_traffic *out, int max, uint64_t *tokens);
+uint64_t ple_model_arena_bytes(const ple_model *m);
+uint64_t ple_model_weight_bytes(const ple_model *m);
+uint64_t ple_model_kv_bytes(const ple_model *m);
+uint64_t ple_model_peak_bytes(const ple_model *m);
+void ple_close(ple_model *m);
+
+#endif

@@ -1,0 +1,914 @@
+/* The PLE forward pass over a .ple file: the same computation as plelab/edge/runtime.py (docs/ple-format.md
+ * section 7), weights used as stored (fp32 / fp16 / int8 / int4, 1-bit MGLU masks), one arena.
+ *
+ * Why the kernels look as they do: a decode step is a chain of matrix-vector products, dominated by the
+ * output head (vocab x hidden). Each row is a sum over contiguous codes with one fp16 scale per group, so
+ * the scale is applied once per group segment and the inner loops are vector reductions (see dot_f32).
+ * int4 codes pair with the even / odd halves of x,
+ * split once per matrix-vector product, so the nibble loop stays contiguous too.
+ */
+#include "ple.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define ALIGN 64
+#define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
+
+typedef struct {
+    uint8_t dtype;
+    uint32_t group, rows, cols;
+    const uint8_t *codes, *scales; /* dense: the one vector of the tensor; table: record 0 + part offsets */
+    const ple_table *table;        /* non-NULL: each row is its own record (the tied head) */
+    int present;
+} qmat;
+
+typedef struct {
+    qmat in_norm, post_norm, q, k, v, o, gate, up, down, w, mask, ga, gb, ua, ub, ple_gate, ple_proj, ple_norm;
+    int slot; /* index into the PLE layers, -1 when this layer gets none */
+} layer_w;
+
+typedef struct { char name[72]; uint64_t stored, per_token, reads; int resident, tier; double density; } item;
+
+struct ple_model {
+    ple_desc d;
+    ple_storage *st;
+    ple_options opt;
+    layer_w *L;
+    qmat final_norm, head, ctx_proj, ctx_norm;
+    const ple_table *ple_t, *embed_t;
+    const ple_part *ple_p, *embed_in_ple, *embed_p;
+    int head_tier, ple_tier, embed_tier, kv_tier;
+    uint8_t *arena_raw, *arena, *rec_ple, *rec_embed;
+    uint64_t arena_bytes, weight_bytes, kv_bytes, peak;
+    float *kcache, *vcache;
+    float *x, *xn, *y, *q, *k, *v, *att, *h1, *h2, *h3, *lr, *raw, *pin, *ctx, *g, *t, *wv, *row, *xe, *xo, *logits;
+    uint32_t maxdim;
+    /* traffic */
+    int n_tiers;
+    ple_tier tiers[PLE_MAX_TIERS];
+    double bytes[PLE_MAX_TIERS], reads[PLE_MAX_TIERS], dense_bytes[PLE_MAX_TIERS], dense_reads[PLE_MAX_TIERS];
+    uint64_t tokens;
+};
+
+static int fail(char *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, PLE_ERR, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- scalar helpers --------------------------------------------------------------------------------- */
+
+static inline float f16(const uint8_t *p) {
+#ifdef __F16C__
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+#else
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+    if (e == 0) {
+        float f = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24, exact */
+        return s ? -f : f;
+    }
+    u = e == 31 ? s | 0x7f800000u | mant << 13 : s | (e + 112) << 23 | mant << 13;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static int nib(uint8_t b, int high) { return ((high ? b >> 4 : b & 15) ^ 8) - 8; }
+
+static uint64_t up64(uint64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* Value e of a vector (dequantised exactly as the NumPy runtime does: code * fp16 scale). */
+static float value_at(const qmat *w, const uint8_t *codes, const uint8_t *scales, uint64_t e) {
+    switch (w->dtype) {
+    case PLE_FP32: {
+        float f;
+        memcpy(&f, codes + 4 * e, 4);
+        return f;
+    }
+    case PLE_FP16: return f16(codes + 2 * e);
+    case PLE_INT8: return (float)(int8_t)codes[e] * f16(scales + 2 * (e / w->group));
+    case PLE_INT4: return (float)nib(codes[e / 2], (int)(e & 1)) * f16(scales + 2 * (e / w->group));
+    default: return (float)((codes[e / 8] >> (7 - e % 8)) & 1);
+    }
+}
+
+static void row_ptrs(const qmat *w, uint32_t r, const uint8_t **codes, const uint8_t **scales, uint64_t *e0) {
+    if (w->table) {
+        uint64_t off = w->table->page ? ple_row_offset(w->table, r) : (uint64_t)r * w->table->stride;
+        *codes = w->codes + off;
+        *scales = w->scales + off;
+        *e0 = 0;
+    } else {
+        *codes = w->codes;
+        *scales = w->scales;
+        *e0 = (uint64_t)r * w->cols;
+    }
+}
+
+/* Row r (or the whole vector when rows == 1) as floats. */
+static void deq_row(const qmat *w, uint32_t r, float *out) {
+    const uint8_t *c, *s;
+    uint64_t e0;
+    row_ptrs(w, r, &c, &s, &e0);
+    for (uint32_t i = 0; i < w->cols; i++) out[i] = value_at(w, c, s, e0 + i);
+}
+
+/* ---- dot products ----------------------------------------------------------------------------------- */
+
+/* Dot products. With GCC / clang (ESP-IDF's toolchains included) they use the compilers' vector extensions:
+ * eight-float accumulators that stay in registers, so no -ffast-math is needed to vectorise a reduction and
+ * short rows (96 values) pay no store-to-load stall when the lanes are summed. Other compilers get the
+ * plain C99 loops. Define PLE_SCALAR to force those. */
+static float dot_f32_scalar(const float *w, const float *x, size_t n) {
+    float s = 0;
+    for (size_t i = 0; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+
+static float dot_i8_scalar(const int8_t *c, const float *x, size_t n) {
+    float s = 0;
+    for (size_t i = 0; i < n; i++) s += (float)c[i] * x[i];
+    return s;
+}
+
+/* n byte pairs: low nibble times xe[j], high nibble times xo[j]. */
+static float dot_i4_scalar(const uint8_t *c, const float *xe, const float *xo, size_t n) {
+    float s = 0;
+    for (size_t j = 0; j < n; j++) s += (float)nib(c[j], 0) * xe[j] + (float)nib(c[j], 1) * xo[j];
+    return s;
+}
+
+#if defined(__GNUC__) && !defined(PLE_SCALAR)
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi" /* static helpers only: no vector crosses an external ABI */
+#endif
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8f load8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Sum of the eight lanes; in registers with AVX (element access makes GCC spill the vector and reload). */
+static inline float hsum(v8f v) {
+#ifdef __AVX__
+    __m256 w;
+    memcpy(&w, &v, sizeof w);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+#else
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+#endif
+}
+
+static inline float dot_f32(const float *w, const float *x, size_t n) {
+    v8f a = {0}, b = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a += load8(w + i) * load8(x + i);
+        b += load8(w + i + 8) * load8(x + i + 8);
+    }
+    for (; i + 8 <= n; i += 8) a += load8(w + i) * load8(x + i);
+    return hsum(a + b) + dot_f32_scalar(w + i, x + i, n - i);
+}
+
+/* Eight codes widened to eight int32 lanes (one vpmovzxbd / vpmovsxbd with AVX2; GCC's generic byte-vector
+ * widening goes through scalar inserts). */
+static inline v8i widen_u8(const uint8_t *p) {
+#ifdef __AVX2__
+    v8i v;
+    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    memcpy(&v, &w, sizeof v);
+    return v;
+#else
+    v8i v = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
+    return v;
+#endif
+}
+
+static inline v8i widen_s8(const int8_t *p) {
+#ifdef __AVX2__
+    v8i v;
+    __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    memcpy(&v, &w, sizeof v);
+    return v;
+#else
+    v8i v = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
+    return v;
+#endif
+}
+
+static inline float dot_i8(const int8_t *c, const float *x, size_t n) {
+    v8f a = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) a += __builtin_convertvector(widen_s8(c + i), v8f) * load8(x + i);
+    return hsum(a) + dot_i8_scalar(c + i, x + i, n - i);
+}
+
+static inline float dot_i4(const uint8_t *c, const float *xe, const float *xo, size_t n) {
+    v8f a = {0}, b = {0}; /* low and high nibbles accumulate apart: two dependency chains */
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8i q = widen_u8(c + j);
+        v8i lo = ((q & 15) ^ 8) - 8, hi = ((q >> 4) ^ 8) - 8;
+        a += __builtin_convertvector(lo, v8f) * load8(xe + j);
+        b += __builtin_convertvector(hi, v8f) * load8(xo + j);
+    }
+    return hsum(a + b) + dot_i4_scalar(c + j, xe + j, xo + j, n - j);
+}
+
+/* As dot_i4 with the nibbles read as unsigned n ^ 8 = code + 8: the caller subtracts 8 * sum(x). Three
+ * integer operations per eight bytes instead of six, for rows that span the whole x (the head). */
+static inline float dot_i4_biased(const uint8_t *c, const float *xe, const float *xo, size_t n) {
+    v8f a = {0}, b = {0};
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        v8i q = widen_u8(c + j) ^ 0x88;
+        a += __builtin_convertvector(q & 15, v8f) * load8(xe + j);
+        b += __builtin_convertvector(q >> 4, v8f) * load8(xo + j);
+    }
+    float s = hsum(a + b);
+    for (; j < n; j++) s += (float)((c[j] ^ 8) & 15) * xe[j] + (float)((c[j] ^ 0x80) >> 4) * xo[j];
+    return s;
+}
+#else
+#define dot_f32 dot_f32_scalar
+#define dot_i8 dot_i8_scalar
+#define dot_i4 dot_i4_scalar
+static float dot_i4_biased(const uint8_t *c, const float *xe, const float *xo, size_t n) {
+    float s = 0;
+    for (size_t j = 0; j < n; j++) s += (float)((c[j] ^ 8) & 15) * xe[j] + (float)((c[j] ^ 0x80) >> 4) * xo[j];
+    return s;
+}
+#endif
+
+/* Sum over values [a, b) of one group (all sharing one scale) times x[a - e0 ...]. */
+static inline float segment(const qmat *w, const uint8_t *c, uint64_t a, uint64_t b, uint64_t e0, const float *x,
+                     const float *xe, const float *xo) {
+    if (w->dtype == PLE_INT8) return dot_i8((const int8_t *)c + a, x + (a - e0), (uint32_t)(b - a));
+    float s = 0;
+    if (xe && !(a & 1) && !(e0 & 1)) { /* pairs line up with the split x */
+        uint32_t pairs = (uint32_t)((b - a) / 2);
+        s = dot_i4(c + a / 2, xe + (a - e0) / 2, xo + (a - e0) / 2, pairs);
+        a += 2 * (uint64_t)pairs;
+    }
+    for (; a < b; a++) s += (float)nib(c[a / 2], (int)(a & 1)) * x[a - e0];
+    return s;
+}
+
+/* Row r of W times x; xe / xo: the int4 split of x (NULL when unused), sx: the sum of x. */
+static inline float dot_row(const qmat *w, uint32_t r, const float *x, const float *xe, const float *xo, float sx) {
+    const uint8_t *c, *sc;
+    uint64_t e0;
+    row_ptrs(w, r, &c, &sc, &e0);
+    if (w->dtype == PLE_FP32) return dot_f32((const float *)(const void *)c + e0, x, w->cols);
+    if (w->dtype == PLE_FP16) {
+        float s = 0;
+        for (uint32_t i = 0; i < w->cols; i++) s += f16(c + 2 * (e0 + i)) * x[i];
+        return s;
+    }
+    if (w->table && w->cols <= w->group && xe) /* a table row in one group (the head): no segment loop */
+        return f16(sc) * (dot_i4_biased(c, xe, xo, w->cols / 2) - 8.0f * sx); /* xe: int4, even cols */
+    float sum = 0;
+    uint64_t g = e0 / w->group; /* one division per row: segments then step group by group */
+    for (uint64_t a = e0, end = e0 + w->cols; a < end; g++) {
+        uint64_t b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
+        sum += f16(sc + 2 * g) * segment(w, c, a, b, e0, x, xe, xo);
+        a = b;
+    }
+    return sum;
+}
+
+/* out = W x for W (rows x cols); xe / xo are scratch for the int4 split of x. */
+static void matvec(float *out, const qmat *w, const float *x, float *xe, float *xo) {
+    const float *pe = NULL, *po = NULL;
+    float sx = 0;
+    if (w->dtype == PLE_INT4 && w->cols % 2 == 0) {
+        for (uint32_t j = 0; j < w->cols / 2; j++) {
+            xe[j] = x[2 * j];
+            xo[j] = x[2 * j + 1];
+            sx += x[2 * j] + x[2 * j + 1];
+        }
+        pe = xe;
+        po = xo;
+    }
+    long rows = (long)w->rows;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if ((uint64_t)w->rows * w->cols >= PAR_MIN_WORK)
+#endif
+    for (long r = 0; r < rows; r++) out[r] = dot_row(w, (uint32_t)r, x, pe, po, sx);
+}
+
+/* ---- elementwise -------------------------------------------------------------------------------------- */
+
+static void rms_norm(float *out, const float *x, const float *w, uint32_t n, float eps) {
+    double ss = 0;
+    for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = sqrtf((float)(ss / n) + eps);
+    for (uint32_t i = 0; i < n; i++) out[i] = x[i] / r * w[i];
+}
+
+static float silu(float x) { return x * 0.5f * (1.0f + tanhf(x * 0.5f)); }
+
+static float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+static void rope(float *x, uint32_t heads, uint32_t hd, uint32_t pos, float theta) {
+    uint32_t half = hd / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd), ang = (float)pos * inv;
+        float c = cosf(ang), s = sinf(ang);
+        for (uint32_t h = 0; h < heads; h++) {
+            float *v = x + h * hd, a = v[i], b = v[i + half];
+            v[i] = a * c + -b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+}
+
+/* ---- weights: lookup with shape checks ---------------------------------------------------------------- */
+
+static const ple_tensor *find_tensor(const ple_desc *d, const char *name) {
+    for (uint32_t i = 0; i < d->n_tensors; i++)
+        if (!strcmp(d->tensors[i].name, name)) return &d->tensors[i];
+    return NULL;
+}
+
+/* Where tensor bytes live after loading: filled by bind(). */
+typedef struct { const uint8_t *codes, *scales; } placed;
+
+static int bind(ple_model *m, qmat *w, const placed *where, const char *name, int u1, uint32_t a, uint32_t b,
+                uint32_t c, char *err) {
+    const ple_tensor *t = find_tensor(&m->d, name);
+    uint32_t want[3] = {a, b, c};
+    int ndim = c ? 3 : b ? 2 : 1;
+    if (!t) return fail(err, "the file lacks tensor %s this model needs", name);
+    int ok = t->ndim == ndim && (u1 ? t->dtype == PLE_U1 : t->dtype != PLE_U1);
+    for (int k = 0; k < ndim && ok; k++) ok = t->shape[k] == want[k];
+    if (ok && t->dtype == PLE_FP32 && (uintptr_t)where[t - m->d.tensors].codes % 4) ok = 0;
+    if (!ok) return fail(err, "tensor %s has the wrong shape or encoding for this model", name);
+    w->dtype = t->dtype;
+    w->group = t->group;
+    w->rows = ndim == 1 ? 1 : (uint32_t)(t->numel / t->shape[ndim - 1]);
+    w->cols = t->shape[ndim - 1];
+    w->codes = where[t - m->d.tensors].codes;
+    w->scales = where[t - m->d.tensors].scales;
+    w->present = 1;
+    return 0;
+}
+
+static int bind_vec(ple_model *m, qmat *w, const placed *where, const char *name, uint32_t n, char *err) {
+    if (bind(m, w, where, name, 0, n, 0, 0, err)) return -1;
+    w->rows = 1;
+    return 0;
+}
+
+static int bind_layers(ple_model *m, const placed *pl, char *err) {
+    const ple_desc *d = &m->d;
+    uint32_t H = d->hidden, qd = d->heads * d->head_dim, kd = d->kv_heads * d->head_dim, I = d->inter, P = d->ple_dim;
+    char n[96];
+#define NAME(fmt, ...) (snprintf(n, sizeof n, fmt, __VA_ARGS__), n)
+    for (uint32_t i = 0; i < d->layers; i++) {
+        layer_w *l = &m->L[i];
+        l->slot = -1;
+        for (uint32_t s = 0; s < d->n_ple_layers; s++)
+            if (d->ple_layers[s] == i) l->slot = (int)s;
+        if (bind_vec(m, &l->in_norm, pl, NAME("layers.%u.input_layernorm.weight", i), H, err) ||
+            bind_vec(m, &l->post_norm, pl, NAME("layers.%u.post_attention_layernorm.weight", i), H, err) ||
+            bind(m, &l->q, pl, NAME("layers.%u.self_attn.q_proj.weight", i), 0, qd, H, 0, err) ||
+            bind(m, &l->k, pl, NAME("layers.%u.self_attn.k_proj.weight", i), 0, kd, H, 0, err) ||
+            bind(m, &l->v, pl, NAME("layers.%u.self_attn.v_proj.weight", i), 0, kd, H, 0, err) ||
+            bind(m, &l->o, pl, NAME("layers.%u.self_attn.o_proj.weight", i), 0, H, qd, 0, err) ||
+            bind(m, &l->down, pl, NAME("layers.%u.mlp.down_proj.weight", i), 0, H, I, 0, err))
+            return -1;
+        if (d->ffn_kind == PLE_SWIGLU &&
+            (bind(m, &l->gate, pl, NAME("layers.%u.mlp.gate_proj.weight", i), 0, I, H, 0, err) ||
+             bind(m, &l->up, pl, NAME("layers.%u.mlp.up_proj.weight", i), 0, I, H, 0, err)))
+            return -1;
+        if (d->ffn_kind == PLE_MGLU &&
+            (bind(m, &l->w, pl, NAME("layers.%u.mlp.weight", i), 0, I, H, 0, err) ||
+             bind(m, &l->mask, pl, NAME("layers.%u.mlp.mask_logits", i), 1, d->mask_count, I, H, err)))
+            return -1;
+        if (d->ffn_kind == PLE_LOWRANK &&
+            (bind(m, &l->ga, pl, NAME("layers.%u.mlp.gate_proj_a.weight", i), 0, d->rank, H, 0, err) ||
+             bind(m, &l->gb, pl, NAME("layers.%u.mlp.gate_proj_b.weight", i), 0, I, d->rank, 0, err) ||
+             bind(m, &l->ua, pl, NAME("layers.%u.mlp.up_proj_a.weight", i), 0, d->rank, H, 0, err) ||
+             bind(m, &l->ub, pl, NAME("layers.%u.mlp.up_proj_b.weight", i), 0, I, d->rank, 0, err)))
+            return -1;
+        if (l->slot < 0) continue;
+        if (d->gate == PLE_GATE_INPUT
+                ? bind(m, &l->ple_gate, pl, NAME("layers.%u.ple.per_layer_input_gate.weight", i), 0, P, H, 0, err)
+                : bind_vec(m, &l->ple_gate, pl, NAME("layers.%u.ple.gate", i), d->gate == PLE_GATE_SCALAR ? 1 : P, err))
+            return -1;
+        if (bind(m, &l->ple_proj, pl, NAME("layers.%u.ple.per_layer_projection.weight", i), 0, H, P, 0, err) ||
+            ((d->flags & PLE_OUTPUT_NORM) &&
+             bind_vec(m, &l->ple_norm, pl, NAME("layers.%u.ple.post_per_layer_input_norm.weight", i), H, err)))
+            return -1;
+    }
+#undef NAME
+    if (bind_vec(m, &m->final_norm, pl, "norm.weight", H, err)) return -1;
+    if (d->n_ple_layers && (d->flags & PLE_CONTEXT) &&
+        (bind(m, &m->ctx_proj, pl, "per_layer_inputs.per_layer_model_projection.weight", 0, d->n_ple_layers * P, H,
+              0, err) ||
+         bind_vec(m, &m->ctx_norm, pl, "per_layer_inputs.per_layer_projection_norm.weight", P, err)))
+        return -1;
+    if (!(d->flags & PLE_TIE) && bind(m, &m->head, pl, "lm_head.weight", 0, d->vocab, H, 0, err)) return -1;
+    return 0;
+}
+
+/* ---- tables -------------------------------------------------------------------------------------------- */
+
+static int check_part(const ple_table *t, const ple_part *p, uint32_t length, char *err) {
+    if (!p || p->length != length) return fail(err, "row table '%s' lacks a part of %u values", t->name, length);
+    if (p->dtype == PLE_FP32 && (p->codes % 4 || t->stride % 4))
+        return fail(err, "row table '%s': fp32 records must be 4-byte aligned (re-export with --align 4)", t->name);
+    return 0;
+}
+
+static int check_tables(ple_model *m, char *err) {
+    const ple_desc *d = &m->d;
+    m->ple_t = ple_find_table(d, "ple");
+    m->embed_t = ple_find_table(d, "embed");
+    for (uint32_t i = 0; i < d->n_tables; i++)
+        if (&d->tables[i] != m->ple_t && &d->tables[i] != m->embed_t)
+            return fail(err, "unknown row table '%s'", d->tables[i].name);
+    if (d->n_ple_layers) {
+        if (!m->ple_t || m->ple_t->rows != d->ple_vocab) return fail(err, "the file lacks the PLE table this model needs");
+        m->ple_p = ple_find_part(m->ple_t, "ple");
+        if (check_part(m->ple_t, m->ple_p, d->n_ple_layers * d->ple_dim, err)) return -1;
+        m->embed_in_ple = ple_find_part(m->ple_t, "embed");
+        if (m->embed_in_ple && (check_part(m->ple_t, m->embed_in_ple, d->hidden, err) || m->ple_t->rows != d->vocab))
+            return fail(err, "PLE records carry an embedding row but not one per token id");
+    } else if (m->ple_t) {
+        return fail(err, "the file has a PLE table but the model has no PLE layers");
+    }
+    if (m->embed_t) {
+        m->embed_p = ple_find_part(m->embed_t, "embed");
+        if (m->embed_t->rows != d->vocab || check_part(m->embed_t, m->embed_p, d->hidden, err))
+            return fail(err, "the embedding table does not match the vocabulary and hidden size");
+    }
+    if ((d->flags & PLE_TIE) && !m->embed_t) return fail(err, "a tied head needs the embed table");
+    if (!m->embed_t && !m->embed_in_ple) return fail(err, "the file has no embedding rows");
+    return 0;
+}
+
+/* ---- placement and traffic (mirrors plelab/edge/plan.py: items, first-fit decreasing by density) --------- */
+
+static int tier_index(ple_model *m, const char *name, int storage) {
+    for (int i = 0; i < m->n_tiers; i++)
+        if (!strcmp(m->tiers[i].name, name)) return i;
+    ple_tier *t = &m->tiers[m->n_tiers];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->storage = storage;
+    t->capacity = UINT64_MAX;
+    return m->n_tiers++;
+}
+
+static int place(ple_model *m, uint64_t kv_stored, char *err) {
+    const ple_desc *d = &m->d;
+    uint32_t n = d->n_tensors + 3, count = 0;
+    item *its = calloc(n, sizeof(item));
+    if (!its) return fail(err, "out of memory");
+    if (m->ple_t)
+        its[count++] = (item){"table:ple", m->ple_t->section->nbytes, m->ple_t->record_bytes, 1, 0, -1, 1.0};
+    if (m->embed_t) {
+        uint64_t row = m->embed_in_ple ? 0 : m->embed_t->record_bytes, nb = m->embed_t->section->nbytes;
+        its[count++] = (d->flags & PLE_TIE) ? (item){"table:embed", nb, nb + row, 1 + (row > 0), 1, -1, 1.0}
+                                            : (item){"table:embed", nb, row, row ? 1 : 0, 0, -1, 1.0};
+    }
+    for (uint32_t i = 0; i < d->n_tensors; i++) {
+        item *it = &its[count++];
+        const ple_tensor *t = &d->tensors[i];
+        snprintf(it->name, sizeof it->name, "%s", t->name);
+        it->stored = it->per_token = t->codes_bytes + t->scales_bytes;
+        it->reads = 1;
+        it->resident = 1;
+        it->density = 1.0;
+    }
+    its[count++] = (item){"kv_cache", kv_stored, 0, 2 * (uint64_t)d->layers, 1, -1, 0.5};
+    if (!m->opt.device) {
+        m->n_tiers = 0;
+        int file = tier_index(m, "file", 1), ram = tier_index(m, "ram", 0);
+        for (uint32_t i = 0; i < count; i++) its[i].tier = its[i].resident ? ram : file;
+    } else {
+        const ple_device *dev = m->opt.device;
+        m->n_tiers = dev->n_tiers;
+        memcpy(m->tiers, dev->tiers, sizeof dev->tiers);
+        int storage = -1;
+        uint64_t used[PLE_MAX_TIERS] = {0};
+        for (int i = 0; i < dev->n_tiers; i++)
+            if (dev->tiers[i].storage) storage = i;
+        const ple_section *tok = ple_find_section(d, "tokenizer");
+        uint64_t need = d->file_bytes - (tok ? tok->nbytes : 0);
+        if (need > dev->tiers[storage].capacity) {
+            free(its);
+            return fail(err, "the model does not fit %s: the file needs %llu bytes of %s, it has %llu", dev->name,
+                        (unsigned long long)need, dev->tiers[storage].name,
+                        (unsigned long long)dev->tiers[storage].capacity);
+        }
+        /* resident items in plan.py's order: density descending, then stored bytes descending (stable) */
+        uint32_t *idx = malloc(sizeof(uint32_t) * count);
+        if (!idx) {
+            free(its);
+            return fail(err, "out of memory");
+        }
+        uint32_t nres = 0;
+        for (uint32_t i = 0; i < count; i++) {
+            if (!its[i].resident) {
+                its[i].tier = storage;
+                continue;
+            }
+            uint32_t j = nres++;
+            while (j > 0 && (its[idx[j - 1]].density < its[i].density ||
+                             (its[idx[j - 1]].density == its[i].density && its[idx[j - 1]].stored < its[i].stored))) {
+                idx[j] = idx[j - 1];
+                j--;
+            }
+            idx[j] = i;
+        }
+        uint64_t missing = 0;
+        const char *first = NULL;
+        for (uint32_t k = 0; k < nres; k++) {
+            item *it = &its[idx[k]];
+            for (int t = 0; t < dev->n_tiers && it->tier < 0; t++)
+                if (!dev->tiers[t].storage && used[t] + it->stored <= dev->tiers[t].capacity) {
+                    it->tier = t;
+                    used[t] += it->stored;
+                }
+            if (it->tier < 0) {
+                missing += it->stored;
+                if (!first) first = it->name;
+            }
+        }
+        free(idx);
+        if (first) {
+            int rc = fail(err, "the model does not fit %s: %s and %llu more bytes of weights + KV cache find no room "
+                               "in RAM (see plelab plan)", dev->name, first, (unsigned long long)missing);
+            free(its);
+            return rc;
+        }
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        const item *it = &its[i];
+        if (!strcmp(it->name, "table:ple")) m->ple_tier = it->tier;
+        else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
+        else if (!strcmp(it->name, "kv_cache")) m->kv_tier = it->tier;
+        else {
+            m->dense_bytes[it->tier] += (double)it->per_token;
+            m->dense_reads[it->tier] += (double)it->reads;
+        }
+    }
+    if (m->embed_t && (d->flags & PLE_TIE)) { /* the head is read whole every token */
+        m->dense_bytes[m->embed_tier] += (double)m->embed_t->section->nbytes;
+        m->dense_reads[m->embed_tier] += 1;
+    }
+    free(its);
+    return 0;
+}
+
+static void tally(ple_model *m, int tier, double nbytes, double reads) {
+    m->bytes[tier] += nbytes;
+    m->reads[tier] += reads;
+}
+
+/* ---- open / close -------------------------------------------------------------------------------------- */
+
+const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row) {
+    uint8_t *buf = t == m->ple_t ? m->rec_ple : m->rec_embed;
+    if (m->st->read(m->st, t->section->offset + ple_row_offset(t, row), buf, t->record_bytes)) return NULL;
+    tally(m, t == m->ple_t ? m->ple_tier : m->embed_tier, t->record_bytes, 1);
+    return buf;
+}
+
+int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err) {
+    *out = NULL;
+    ple_model *m = calloc(1, sizeof *m);
+    if (!m) return fail(err, "out of memory");
+    m->st = st;
+    m->opt = *opt;
+    placed *pl = NULL;
+    if (ple_read_desc(st, &m->d, err)) {
+        free(m);
+        return -1;
+    }
+    const ple_desc *d = &m->d;
+    if (opt->verify && ple_verify(st, d, opt->verify > 1, err)) goto fail;
+    if (check_tables(m, err)) goto fail;
+    /* arena: weights that are not mapped, KV cache, scratch, record buffers */
+    int map = opt->map_weights && st->map(st, 0, 1) != NULL;
+    const ple_section *ts = ple_find_section(d, "tensors");
+    uint64_t weights = 0;
+    for (uint32_t i = 0; i < d->n_tensors; i++) weights += d->tensors[i].codes_bytes + d->tensors[i].scales_bytes;
+    int tied = (d->flags & PLE_TIE) != 0;
+    if (tied) weights += m->embed_t->section->nbytes;
+    m->weight_bytes = weights;
+    uint64_t weight_arena = 0;
+    if (!map) {
+        for (uint32_t i = 0; i < d->n_tensors; i++)
+            weight_arena += up64(d->tensors[i].codes_bytes) + up64(d->tensors[i].scales_bytes);
+        if (tied) weight_arena += up64(m->embed_t->section->nbytes);
+    }
+    uint64_t kv_floats = (uint64_t)d->layers * d->kv_heads * d->head_dim * d->max_seq;
+    m->kv_bytes = 2 * kv_floats * 4;
+    uint32_t dims[] = {d->hidden, d->heads * d->head_dim, d->inter, d->rank, d->n_ple_layers * d->ple_dim,
+                       d->max_seq, 2};
+    m->maxdim = 0;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i] > m->maxdim) m->maxdim = dims[i];
+    uint64_t scratch = 20 * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab);
+    uint64_t recs = (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
+    m->arena_bytes = weight_arena + up64(m->kv_bytes) + scratch + recs;
+    if ((opt->max_arena && m->arena_bytes > opt->max_arena) || m->arena_bytes > ((uint64_t)1 << 40) || (uint64_t)(size_t)(m->arena_bytes + ALIGN) != m->arena_bytes + ALIGN) {
+        fail(err, "the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
+        goto fail;
+    }
+    m->L = calloc(d->layers, sizeof(layer_w));
+    pl = calloc(d->n_tensors, sizeof(placed));
+    m->arena_raw = calloc(1, (size_t)(m->arena_bytes + ALIGN));
+    if (!m->L || !pl || !m->arena_raw) {
+        fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
+        goto fail;
+    }
+    m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
+    uint8_t *p = m->arena;
+    /* the storage's "call for dense tensors": each tensor's codes and scales, mapped or copied in */
+    for (uint32_t i = 0; i < d->n_tensors; i++) {
+        const ple_tensor *t = &d->tensors[i];
+        uint64_t base = ts->offset;
+        if (map) {
+            pl[i].codes = st->map(st, base + t->codes, (size_t)t->codes_bytes);
+            pl[i].scales = st->map(st, base + t->scales, (size_t)t->scales_bytes);
+        } else {
+            pl[i].codes = p;
+            if (st->read(st, base + t->codes, p, (size_t)t->codes_bytes)) goto read_error;
+            p += up64(t->codes_bytes);
+            pl[i].scales = p;
+            if (st->read(st, base + t->scales, p, (size_t)t->scales_bytes)) goto read_error;
+            p += up64(t->scales_bytes);
+        }
+        if (!pl[i].codes || !pl[i].scales) goto read_error;
+    }
+    if (tied) {
+        const ple_section *es = m->embed_t->section;
+        const uint8_t *rows;
+        if (map) {
+            rows = st->map(st, es->offset, (size_t)es->nbytes);
+        } else {
+            if (st->read(st, es->offset, p, (size_t)es->nbytes)) goto read_error;
+            rows = p;
+            p += up64(es->nbytes);
+        }
+        if (!rows) goto read_error;
+        m->head = (qmat){m->embed_p->dtype, m->embed_p->group, d->vocab, d->hidden, rows + m->embed_p->codes,
+                         rows + m->embed_p->scales, m->embed_t, 1};
+        if (m->embed_p->dtype == PLE_FP32 && (uintptr_t)rows % 4) {
+            fail(err, "the embedding table is not 4-byte aligned");
+            goto fail;
+        }
+    }
+    if (bind_layers(m, pl, err)) goto fail;
+    m->kcache = (float *)(void *)p;
+    m->vcache = m->kcache + kv_floats;
+    p += up64(m->kv_bytes);
+    float **bufs[] = {&m->x, &m->xn, &m->y, &m->q, &m->k, &m->v, &m->att, &m->h1, &m->h2, &m->h3,
+                      &m->lr, &m->raw, &m->pin, &m->ctx, &m->g, &m->t, &m->wv, &m->row, &m->xe, &m->xo};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        *bufs[i] = (float *)(void *)p;
+        p += up64(4 * (uint64_t)m->maxdim);
+    }
+    m->logits = (float *)(void *)p;
+    p += up64(4 * (uint64_t)d->vocab);
+    if (m->ple_t) {
+        m->rec_ple = p;
+        p += up64(m->ple_t->record_bytes);
+    }
+    if (m->embed_t) {
+        m->rec_embed = p;
+        p += up64(m->embed_t->record_bytes);
+    }
+    if (place(m, m->kv_bytes, err)) goto fail;
+    free(pl);
+    m->peak = m->arena_bytes + ALIGN + sizeof *m + d->layers * sizeof(layer_w) + d->n_tensors * sizeof(ple_tensor) +
+              (d->n_ple_layers + 1) * sizeof(uint32_t);
+    *out = m;
+    return 0;
+read_error:
+    fail(err, "cannot read the model's weights from storage");
+fail:
+    free(pl);
+    ple_close(m);
+    return -1;
+}
+
+void ple_close(ple_model *m) {
+    if (!m) return;
+    ple_desc_free(&m->d);
+    free(m->L);
+    free(m->arena_raw);
+    free(m);
+}
+
+/* ---- forward ------------------------------------------------------------------------------------------- */
+
+static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t pos) {
+    const ple_desc *d = &m->d;
+    uint32_t hd = d->head_dim, kvh = d->kv_heads, rep = d->heads / kvh;
+    matvec(m->q, &l->q, m->xn, m->xe, m->xo);
+    matvec(m->k, &l->k, m->xn, m->xe, m->xo);
+    matvec(m->v, &l->v, m->xn, m->xe, m->xo);
+    rope(m->q, d->heads, hd, pos, d->theta);
+    rope(m->k, kvh, hd, pos, d->theta);
+    uint64_t lbase = (uint64_t)layer * kvh * d->max_seq * hd;
+    for (uint32_t h = 0; h < kvh; h++) {
+        memcpy(m->kcache + lbase + ((uint64_t)h * d->max_seq + pos) * hd, m->k + h * hd, 4 * hd);
+        memcpy(m->vcache + lbase + ((uint64_t)h * d->max_seq + pos) * hd, m->v + h * hd, 4 * hd);
+    }
+    const float scale = (float)pow((double)hd, -0.5);
+    for (uint32_t h = 0; h < d->heads; h++) {
+        const float *kc = m->kcache + lbase + (uint64_t)(h / rep) * d->max_seq * hd;
+        const float *vc = m->vcache + lbase + (uint64_t)(h / rep) * d->max_seq * hd;
+        const float *q = m->q + h * hd;
+        float mx = -INFINITY, sum = 0;
+        for (uint32_t t = 0; t <= pos; t++) {
+            m->att[t] = dot_f32(q, kc + (uint64_t)t * hd, hd) * scale;
+            if (m->att[t] > mx) mx = m->att[t];
+        }
+        for (uint32_t t = 0; t <= pos; t++) {
+            m->att[t] = expf(m->att[t] - mx);
+            sum += m->att[t];
+        }
+        float *y = m->y + h * hd;
+        memset(y, 0, 4 * hd);
+        for (uint32_t t = 0; t <= pos; t++) {
+            float w = m->att[t] / sum;
+            for (uint32_t i = 0; i < hd; i++) y[i] += w * vc[(uint64_t)t * hd + i];
+        }
+    }
+    matvec(m->h3, &l->o, m->y, m->xe, m->xo);
+    for (uint32_t i = 0; i < d->hidden; i++) m->x[i] += m->h3[i];
+}
+
+static void mglu(ple_model *m, const layer_w *l) {
+    const ple_desc *d = &m->d;
+    uint32_t H = d->hidden, I = d->inter;
+    memset(m->h1, 0, 4 * I);
+    for (uint32_t r = 0; r < I; r++) {
+        deq_row(&l->w, r, m->row);
+        for (uint32_t c = 0; c < H; c++) m->row[c] *= m->xn[c];
+        float acc = 0;
+        for (uint32_t k = 0; k < d->mask_count; k++) {
+            const uint8_t *bits = l->mask.codes;
+            uint64_t b0 = ((uint64_t)k * I + r) * H;
+            float g = 0, u = 0;
+            for (uint32_t c = 0; c < H; c++) {
+                float bit = (float)((bits[(b0 + c) >> 3] >> (7 - ((b0 + c) & 7))) & 1);
+                g += m->row[c] * bit;
+                u += m->row[c] * (1.0f - bit);
+            }
+            acc += silu(g) * u;
+        }
+        m->h1[r] = acc;
+    }
+    matvec(m->h3, &l->down, m->h1, m->xe, m->xo);
+}
+
+static void ffn(ple_model *m, const layer_w *l) {
+    const ple_desc *d = &m->d;
+    if (d->ffn_kind == PLE_MGLU) {
+        mglu(m, l);
+    } else {
+        if (d->ffn_kind == PLE_SWIGLU) {
+            matvec(m->h1, &l->gate, m->xn, m->xe, m->xo);
+            matvec(m->h2, &l->up, m->xn, m->xe, m->xo);
+        } else {
+            matvec(m->lr, &l->ga, m->xn, m->xe, m->xo);
+            matvec(m->h1, &l->gb, m->lr, m->xe, m->xo);
+            matvec(m->lr, &l->ua, m->xn, m->xe, m->xo);
+            matvec(m->h2, &l->ub, m->lr, m->xe, m->xo);
+        }
+        for (uint32_t i = 0; i < d->inter; i++) m->h1[i] = silu(m->h1[i]) * m->h2[i];
+        matvec(m->h3, &l->down, m->h1, m->xe, m->xo);
+    }
+    for (uint32_t i = 0; i < d->hidden; i++) m->x[i] += m->h3[i];
+}
+
+static void inject(ple_model *m, const layer_w *l) {
+    const ple_desc *d = &m->d;
+    uint32_t P = d->ple_dim;
+    if (d->gate == PLE_GATE_INPUT) {
+        matvec(m->g, &l->ple_gate, m->x, m->xe, m->xo);
+        for (uint32_t j = 0; j < P; j++) m->g[j] = gelu_tanh(m->g[j]);
+    } else {
+        deq_row(&l->ple_gate, 0, m->g);
+    }
+    const float *p = m->pin + (uint64_t)l->slot * P;
+    for (uint32_t j = 0; j < P; j++) m->t[j] = m->g[d->gate == PLE_GATE_SCALAR ? 0 : j] * p[j];
+    matvec(m->h3, &l->ple_proj, m->t, m->xe, m->xo);
+    if (d->flags & PLE_OUTPUT_NORM) {
+        deq_row(&l->ple_norm, 0, m->wv);
+        rms_norm(m->h3, m->h3, m->wv, d->hidden, d->eps);
+    }
+    for (uint32_t i = 0; i < d->hidden; i++) m->x[i] += m->h3[i];
+}
+
+/* Input row and PLE inputs of `token`: one record read per table (none for a resident tied head). */
+static int inputs(ple_model *m, uint32_t token) {
+    const ple_desc *d = &m->d;
+    const uint8_t *rec = NULL;
+    if (m->ple_t) {
+        rec = ple_read_record(m, m->ple_t, token < d->ple_vocab ? token : 0);
+        if (!rec) return -1;
+        qmat part = {m->ple_p->dtype, m->ple_p->group, 1, m->ple_p->length, rec + m->ple_p->codes,
+                     rec + m->ple_p->scales, NULL, 1};
+        deq_row(&part, 0, m->raw);
+    }
+    if (m->embed_in_ple) {
+        qmat part = {m->embed_in_ple->dtype, m->embed_in_ple->group, 1, d->hidden, rec + m->embed_in_ple->codes,
+                     rec + m->embed_in_ple->scales, NULL, 1};
+        deq_row(&part, 0, m->x);
+    } else if (d->flags & PLE_TIE) {
+        deq_row(&m->head, token, m->x);
+        tally(m, m->embed_tier, m->embed_t->record_bytes, 1);
+    } else {
+        const uint8_t *e = ple_read_record(m, m->embed_t, token);
+        if (!e) return -1;
+        qmat part = {m->embed_p->dtype, m->embed_p->group, 1, d->hidden, e + m->embed_p->codes,
+                     e + m->embed_p->scales, NULL, 1};
+        deq_row(&part, 0, m->x);
+    }
+    if (d->flags & PLE_EMBED_SCALE) {
+        float s = (float)sqrt((double)d->hidden);
+        for (uint32_t i = 0; i < d->hidden; i++) m->x[i] *= s;
+    }
+    if (!m->ple_t) return 0;
+    uint32_t P = d->ple_dim, n = d->n_ple_layers * P;
+    float ident = (float)sqrt((double)P);
+    for (uint32_t j = 0; j < n; j++) m->pin[j] = m->raw[j] * ident;
+    if (!(d->flags & PLE_CONTEXT)) return 0;
+    matvec(m->ctx, &m->ctx_proj, m->x, m->xe, m->xo);
+    float hs = (float)pow((double)d->hidden, -0.5), fuse = (float)pow(2.0, -0.5);
+    deq_row(&m->ctx_norm, 0, m->wv);
+    for (uint32_t j = 0; j < n; j++) m->ctx[j] *= hs;
+    for (uint32_t s = 0; s < d->n_ple_layers; s++) rms_norm(m->ctx + s * P, m->ctx + s * P, m->wv, P, d->eps);
+    for (uint32_t j = 0; j < n; j++) m->pin[j] = (m->ctx[j] + m->pin[j]) * fuse;
+    return 0;
+}
+
+const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos) {
+    const ple_desc *d = &m->d;
+    if (token >= d->vocab || pos >= d->max_seq) return NULL;
+    m->tokens++;
+    for (int t = 0; t < m->n_tiers; t++) tally(m, t, m->dense_bytes[t], m->dense_reads[t]);
+    tally(m, m->kv_tier, 2.0 * d->layers * d->kv_heads * d->head_dim * (pos + 1.0) * 4, 2.0 * d->layers);
+    if (inputs(m, token)) return NULL;
+    for (uint32_t i = 0; i < d->layers; i++) {
+        const layer_w *l = &m->L[i];
+        deq_row(&l->in_norm, 0, m->wv);
+        rms_norm(m->xn, m->x, m->wv, d->hidden, d->eps);
+        attention(m, l, i, pos);
+        deq_row(&l->post_norm, 0, m->wv);
+        rms_norm(m->xn, m->x, m->wv, d->hidden, d->eps);
+        ffn(m, l);
+        if (l->slot >= 0) inject(m, l);
+    }
+    deq_row(&m->final_norm, 0, m->wv);
+    rms_norm(m->xn, m->x, m->wv, d->hidden, d->eps);
+    matvec(m->logits, &m->head, m->xn, m->xe, m->xo);
+    return m->logits;
+}
+
+/* ---- accessors ----------------------------------------------------------------------------------------- */
+
+const ple_desc *ple_model_desc(const ple_model *m) { return &m->d; }
+uint64_t ple_model_arena_bytes(const ple_model *m) { return m->arena_bytes; }
+uint64_t ple_model_weight_bytes(const ple_model *m) { return m->weight_bytes; }
+uint64_t ple_model_kv_bytes(const ple_model *m) { return m->kv_bytes; }
+uint64_t ple_model_peak_bytes(const ple_model *m) { return m->peak; }
+
+int ple_model_traffic(const ple_model *m, ple_traffic *out, int max, uint64_t *tokens) {
+    for (int i = 0; i < m->n_tiers && i < max; i++) {
+        snprintf(out[i].tier, sizeof out[i].tier, "%s", m->tiers[i].name);
+        out[i].bytes = m->bytes[i];
+        out[i].reads = m->reads[i];
+    }
+    *tokens = m->tokens;
+    return m->n_tiers;
+}
