@@ -100,12 +100,12 @@ def checked(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 def c_flags(cflags: str, openmp: bool) -> list[str]:
     """Every flag plelab.edge.c_engine.build passes to the compiler for these options: llama2.c gets the same.
 
-    Its fixed part (-std=c99, warnings, -fopenmp-simd) leaves run.c's generated code unchanged (same assembly
+    Its fixed part (-std=c99, warnings, -ffp-contract=fast) leaves run.c's generated code unchanged (same assembly
     as `-Ofast -march=native` alone with gcc 12); using it anyway makes the two command lines identical.
     """
     from plelab.edge import c_engine
 
-    return [*shlex.split(c_engine.WARNINGS), *shlex.split(cflags), *(["-fopenmp"] if openmp else [])]
+    return c_engine.compile_flags(cflags, openmp)
 
 
 def cached(path: Path, make: Callable[[Path], None]) -> Path:

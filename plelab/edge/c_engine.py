@@ -55,11 +55,16 @@ def _key(program: str, cc: str, flags: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def compile_flags(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: bool = False) -> list[str]:
+    """Every flag `build` passes to the compiler for these options (benchmarks give a reference build the same)."""
+    return shlex.split(BASE_FLAGS) + shlex.split(SANITIZE if sanitize else cflags) + (["-fopenmp"] if openmp else [])
+
+
 def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: bool = False,
           program: str = "plerun") -> Path:
     """Compile `program` (plerun or plefuzz) if its cached binary is missing; returns the binary's path."""
     cc = compiler()
-    flags = shlex.split(BASE_FLAGS) + shlex.split(SANITIZE if sanitize else cflags) + (["-fopenmp"] if openmp else [])
+    flags = compile_flags(cflags, openmp, sanitize)
     out_dir = _cache_root() / _key(program, cc, flags)
     binary = out_dir / program
     if binary.is_file():
