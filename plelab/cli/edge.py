@@ -28,10 +28,14 @@ def _add_export(sub) -> None:
     p = add_command(
         sub, "export", "Export a checkpoint (or a preset, with random weights) to a .ple file for the edge runtime.",
         "plelab export runs/esp32 --quant int4 --group 128 --out esp32.ple\n"
-        "  plelab export esp32-28m --quant int4 --out esp32-random.ple      # size a model before training it",
+        "  plelab export esp32-28m --quant int4 --out esp32-random.ple      # size a model before training it\n"
+        "  plelab export --hf ~/models/gemma-3n-E2B-it --quant int4 --group 128 --out e2b-ple.ple  # its PLE table",
         run_export,
     )
-    p.add_argument("source", help="checkpoint or run directory (trained weights), or a preset / config file (random)")
+    p.add_argument("source", nargs="?",
+                   help="checkpoint or run directory (trained weights), or a preset / config file (random)")
+    p.add_argument("--hf", metavar="PATH", help="a Hugging Face Gemma 3n / Gemma 4 folder instead: its PLE table "
+                   "and main embedding, streamed from the safetensors (a table-only file: the core is not exported)")
     p.add_argument("--out", required=True, help="output .ple file (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file (never an input)")
     _add_layout_flags(p)
@@ -85,8 +89,19 @@ def run_export(args: argparse.Namespace) -> int:
     from plelab.edge.export import export_inputs, export_source
     from plelab.util.fs import check_output_path
 
-    check_output_path(args.out, overwrite=args.overwrite, inputs=export_inputs(args.source))
-    layout = export_source(args.source, args.out, _options(args), args.overrides, args.seed, not args.no_tokenizer)
+    if (args.hf is None) == (args.source is None):
+        raise PlelabError("give either a source (checkpoint, run, preset or config file) or --hf PATH")
+    if args.hf is not None:
+        from plelab.edge.export import export_hf, hf_export_inputs
+
+        if args.overrides:
+            raise PlelabError("--set only applies to presets and config files, not to --hf")
+        check_output_path(args.out, overwrite=args.overwrite, inputs=hf_export_inputs(args.hf))
+        layout = export_hf(args.hf, args.out, _options(args), not args.no_tokenizer)
+    else:
+        check_output_path(args.out, overwrite=args.overwrite, inputs=export_inputs(args.source))
+        layout = export_source(args.source, args.out, _options(args), args.overrides, args.seed,
+                               not args.no_tokenizer)
     info = {"out": args.out, **_layout_summary(layout)}
     if args.json:
         print_json(info)
@@ -97,6 +112,8 @@ def run_export(args: argparse.Namespace) -> int:
     if info["ple_record_bytes"]:
         print(f"  PLE record: {info['ple_record_bytes']} bytes per token, stride {info['ple_record_stride']}"
               + (" (embedding row included)" if layout.quant["embed_in_record"] else ""))
+    if layout.source.get("table_only"):
+        print(f"  {layout.source['core']}")
     return 0
 
 
@@ -108,7 +125,8 @@ def _add_plan(sub) -> None:
         run_plan,
     )
     p.add_argument("model", help=".ple file, or a preset / config file / checkpoint (laid out as --quant etc. say)")
-    p.add_argument("--device", required=True, help="device profile name (esp32-s3, esp32-p4, phone-ufs4, desktop)")
+    p.add_argument("--device", required=True,
+                   help="device profile name (esp32-s3, esp32-p4, phone-ufs4, phone-ufs3, desktop)")
     p.add_argument("--devices", help="TOML file with your own device profiles (schema: plelab/edge/devices.toml)")
     p.add_argument("--context", type=options.positive_int,
                    help="position at which KV traffic is counted (default and at most: max_seq_len)")
@@ -138,9 +156,12 @@ def _load_layout(args: argparse.Namespace):
                               "re-export with them, or plan the checkpoint or preset instead")
         with PleFile(path, verify="none") as f:
             return f.layout
-    from plelab.edge.export import checkpoint_config, layout_for_config
+    from plelab.edge.export import checkpoint_config, hf_layout, layout_for_config
+    from plelab.hf.checkpoint import is_hf_folder
     from plelab.model.presets import load_model_config
 
+    if is_hf_folder(path):  # a Hugging Face Gemma folder: its table-only layout, from config.json alone
+        return hf_layout(path, _options(args))
     cfg = checkpoint_config(path) if path.is_dir() else load_model_config(args.model, args.overrides)
     return layout_for_config(cfg, _options(args))
 
@@ -155,6 +176,9 @@ def run_plan(args: argparse.Namespace) -> int:
         raise PlanError(f"--context {args.context} is beyond the model's context ({layout.model['max_seq_len']})")
     result = plan_with_trade(layout, device, args.context, args.kv_dtype)
     result["model"] = args.model
+    if layout.source.get("table_only"):
+        result["note"] = ("the core's weights are not counted (only the PLE table, the embedding and "
+                          "the KV cache); " + layout.source["core"])
     if args.json:
         print_json(result)
     else:
@@ -168,6 +192,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _print_plan(r: dict) -> None:
     print(f"{r['model']} on {r['device']} ({r['description']})")
+    if r.get("note"):
+        print(f"  note: {r['note']}")
     print(f"  file {r['file_bytes']:,} bytes; context {r['context']}, KV {r['kv_dtype']}")
     for name, t in r["tiers"].items():
         placed = [it for it in r["items"] if it["tier"] == name]
@@ -182,6 +208,10 @@ def _print_plan(r: dict) -> None:
         print(f"  estimated {r['est_ms_per_token']:.2f} ms/token ({r['est_tokens_per_s']:.1f} tokens/s): {parts} ms")
     for p in r["problems"]:
         print(f"  DOES NOT FIT: {p['what']}: missing {p['missing_bytes']:,} bytes")
+    ple = next((it for it in r["items"] if it["name"] == "table:ple"), None)
+    if ple and ple["tier"]:
+        print(f"  PLE table left in {ple['tier']}: {ple['bytes']:,} bytes of RAM saved; "
+              f"{ple['bytes_per_token']:,} B read per token")
     trade = r.get("embed_in_record_trade")
     if trade:
         a = trade["alternative"]

@@ -112,6 +112,9 @@ class EdgeModel:
 
     def _load(self, path: str | Path, placement: dict[str, str] | None) -> None:
         lay = self.file.layout
+        if lay.source.get("table_only"):  # an export of a foreign checkpoint's PLE table, for planning only
+            raise EdgeRuntimeError(f"{path} is a table-only export ({lay.source.get('core', 'no core')}); "
+                                   "there is no core to run: use it with `plelab plan` or the record reader")
         m, d = lay.model, lay.derived
         self.cfg = m
         self.H, self.n_layers, self.n_heads = m["hidden_size"], m["num_layers"], m["num_heads"]

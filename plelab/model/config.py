@@ -16,6 +16,10 @@ PLEGate = Literal["input", "scalar", "vector"]
 PLE_GATES: tuple[str, ...] = get_args(PLEGate)
 KernelsSetting = Literal["auto", "on", "off"]
 KERNEL_SETTINGS: tuple[str, ...] = get_args(KernelsSetting)
+Arch = Literal["llama", "gemma4"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+LayerType = Literal["sliding_attention", "full_attention"]
+LAYER_TYPES: tuple[str, ...] = get_args(LayerType)
 
 
 @dataclass
@@ -83,9 +87,60 @@ class PLEConfig:
 
 
 @dataclass
+class Gemma4Config:
+    """The Gemma 4 decoder's own settings (used only with `arch = "gemma4"`; names follow transformers'
+    Gemma4TextConfig, see docs/hf-mapping.md). Sliding layers use the model's head_dim, num_kv_heads and
+    rope_theta; full-attention layers may override them here."""
+
+    layer_types: list[LayerType] | None = None
+    """Attention kind of each layer; None = transformers' default (every 6th layer full, the last one full)."""
+    sliding_window: int = 512
+    """Sliding layers see the last `sliding_window` positions, their own included."""
+    full_head_dim: int | None = None
+    """Head width of the full-attention layers (HF global_head_dim); None = head_dim."""
+    full_kv_heads: int | None = None
+    """Key/value heads of the full-attention layers (HF num_global_key_value_heads); None = num_kv_heads."""
+    full_rope_theta: float = 1_000_000.0
+    """RoPE base of the full-attention layers."""
+    full_rotary_fraction: float = 0.25
+    """Share of the full layers' head width that is rotated (HF "proportional" RoPE partial_rotary_factor);
+    the rest keeps frequency 0. 1.0 = plain RoPE."""
+    attention_k_eq_v: bool = False
+    """Full-attention layers have no v_proj: the values are the keys before their norm and RoPE."""
+    num_kv_shared_layers: int = 0
+    """The last this-many layers compute no keys/values of their own: each reuses those of the last earlier
+    layer of its attention kind."""
+    double_wide_mlp: bool = False
+    """KV-shared layers have an FFN of twice ffn.intermediate_size."""
+    final_logit_softcap: float | None = None
+    """logits = c * tanh(logits / c) when set."""
+
+    def __post_init__(self) -> None:
+        if self.sliding_window <= 0:
+            raise ConfigError(f"gemma4.sliding_window must be > 0, got {self.sliding_window}")
+        for name in ("full_head_dim", "full_kv_heads", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"gemma4.{name} must be > 0 (or unset), got {value}")
+        if not 0 < self.full_rotary_fraction <= 1:
+            raise ConfigError(f"gemma4.full_rotary_fraction must lie in (0, 1], got {self.full_rotary_fraction}")
+        if self.num_kv_shared_layers < 0:
+            raise ConfigError(f"gemma4.num_kv_shared_layers must be >= 0, got {self.num_kv_shared_layers}")
+        bad = [t for t in self.layer_types or [] if t not in LAYER_TYPES]
+        if bad:
+            raise ConfigError(f"gemma4.layer_types entries must be one of {', '.join(LAYER_TYPES)}, got {bad}")
+
+
+@dataclass
 class ModelConfig:
     """A decoder-only transformer LM with optional per-layer embeddings."""
 
+    arch: Arch = "llama"
+    """Decoder block. llama: pre-norm attention + FFN (SwiGLU or a variant), one RoPE, causal attention.
+    gemma4: transformers' Gemma 4 text block (plelab/model/gemma4.py): pre- and post-norms around attention
+    and FFN, QK-norm and a weightless V-norm with attention scale 1, GELU-tanh GLU, a per-layer scalar,
+    sliding/full attention layers (settings in `gemma4`), embedding scaled by sqrt(H) whatever embed_scale
+    says. PLE sits where both put it: after the FFN (before Gemma 4's layer scalar)."""
     vocab_size: int = 256
     """Vocabulary size V of the main embedding and output head."""
     hidden_size: int = 64
@@ -107,13 +162,15 @@ class ModelConfig:
     tie_embeddings: bool = True
     """Share the input embedding with the output head."""
     embed_scale: bool = False
-    """Multiply input embeddings by sqrt(H) as Gemma does."""
+    """Multiply input embeddings by sqrt(H) as Gemma does (always on for arch = "gemma4")."""
     init_std: float = 0.02
     """Std of the normal initialisation of linear and embedding weights."""
     ffn: FFNConfig = field(default_factory=FFNConfig)
     """Feed-forward block."""
     ple: PLEConfig = field(default_factory=PLEConfig)
     """Per-layer embeddings."""
+    gemma4: Gemma4Config = field(default_factory=Gemma4Config)
+    """Settings of the Gemma 4 block (ignored unless arch = "gemma4")."""
     kernels: KernelsSetting = "auto"
     """Compute paths (plelab/model/kernels.py): "off" = the reference formulas, "on" = the hand-written
     RMSNorm/RoPE backward and the fused chunked head + cross-entropy (same math, to rounding), "auto" = on
@@ -144,6 +201,29 @@ class ModelConfig:
             bad = [i for i in self.ple.layers if not 0 <= i < self.num_layers]
             if bad:
                 raise ConfigError(f"ple.layers {bad} outside 0..{self.num_layers - 1}")
+        if self.arch not in ARCHS:
+            raise ConfigError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.arch == "gemma4":
+            self._check_gemma4()
+
+    def _check_gemma4(self) -> None:
+        g = self.gemma4
+        if self.ffn.kind != "swiglu":
+            raise ConfigError(f"arch=gemma4 has a plain gated FFN: set ffn.kind=swiglu (got {self.ffn.kind!r})")
+        if g.layer_types is not None and len(g.layer_types) != self.num_layers:
+            raise ConfigError(f"gemma4.layer_types has {len(g.layer_types)} entries for {self.num_layers} layers")
+        if self.layer_types[-1] != "full_attention":
+            raise ConfigError("gemma4.layer_types must end with full_attention (transformers forces the last layer)")
+        if g.full_head_dim is not None and g.full_head_dim % 2:
+            raise ConfigError(f"gemma4.full_head_dim must be even for RoPE, got {g.full_head_dim}")
+        if g.full_kv_heads is not None and self.num_heads % g.full_kv_heads:
+            raise ConfigError(f"gemma4.full_kv_heads={g.full_kv_heads} must divide num_heads={self.num_heads}")
+        first_shared = self.num_layers - g.num_kv_shared_layers
+        if g.num_kv_shared_layers and set(self.layer_types[first_shared:]) - set(self.layer_types[:first_shared]):
+            raise ConfigError(
+                f"gemma4.num_kv_shared_layers={g.num_kv_shared_layers}: every attention kind among the shared "
+                "layers needs an earlier layer of the same kind that computes keys/values"
+            )
 
     @property
     def kv_heads(self) -> int:
@@ -152,8 +232,46 @@ class ModelConfig:
 
     @property
     def head_size(self) -> int:
-        """Per-head width actually used."""
+        """Per-head width actually used (of every layer for llama, of the sliding layers for gemma4)."""
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Attention kind of each layer ("full_attention" everywhere for llama)."""
+        if self.arch != "gemma4":
+            return ["full_attention"] * self.num_layers
+        if self.gemma4.layer_types is not None:
+            return list(self.gemma4.layer_types)
+        # transformers' default: five sliding layers to one full one, and the last layer full.
+        kinds = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(self.num_layers)]
+        return kinds[:-1] + ["full_attention"]
+
+    @property
+    def scales_embedding(self) -> bool:
+        """Whether the input embedding is multiplied by sqrt(H)."""
+        return self.embed_scale or self.arch == "gemma4"
+
+    @property
+    def logit_softcap(self) -> float | None:
+        """c of logits = c * tanh(logits / c), or None (no soft-capping)."""
+        return self.gemma4.final_logit_softcap if self.arch == "gemma4" else None
+
+    def attention_shape(self, layer: int) -> tuple[int, int]:
+        """(key/value heads, head width) of one layer's attention."""
+        g = self.gemma4
+        if self.arch == "gemma4" and self.layer_types[layer] == "full_attention":
+            kv = g.full_kv_heads if g.full_kv_heads is not None else self.kv_heads
+            return kv, g.full_head_dim if g.full_head_dim is not None else self.head_size
+        return self.kv_heads, self.head_size
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys/values `layer` attends to: itself, or for a Gemma 4 KV-shared layer the last
+        earlier layer of its attention kind that computes its own."""
+        first_shared = self.num_layers - (self.gemma4.num_kv_shared_layers if self.arch == "gemma4" else 0)
+        if layer < first_shared:
+            return layer
+        kind = self.layer_types[layer]
+        return max(i for i in range(first_shared) if self.layer_types[i] == kind)
 
     @property
     def ple_layers(self) -> list[int]:

@@ -19,7 +19,11 @@ multimodal Gemma3nForConditionalGeneration / Gemma4ForConditionalGeneration and 
 
 The constants HF keeps as buffers are fixed numbers in plelab (sqrt(dP), H^-1/2, 2^-1/2), see
 `GEMMA_PLE_CONSTANTS`. Gemma 4's per-layer `layer_scalar` (the whole residual is multiplied by it after
-the PLE block) has no plelab counterpart: it is not a PLE weight and is not loaded.
+the PLE block) is not a PLE weight: the PLE loaders leave it alone.
+
+Gemma 4 whole (`arch = "gemma4"`, plelab/model/gemma4.py): every name is HF's but for the PLE rename above
+(`gemma4_hf_name`); `gemma4_config_from_hf` / `hf_gemma4_config` convert the configs, `load_hf_gemma4_weights`
+and `hf_gemma4_state_dict` the weights, `gemma4_folder_config` checks a local folder for `train --init-from-hf`.
 
 Llama: our core names (embed_tokens, q/k/v/o_proj, gate/up/down_proj, input_layernorm,
 post_attention_layernorm, norm, lm_head) are Llama's, so a dP = 0 plelab model with the same dimensions
@@ -187,6 +191,15 @@ class _TensorSource:
             config_file = path.parent / "config.json"
         if not files:
             raise HFInteropError(f"no .safetensors file found at {path}")
+        index = path / "model.safetensors.index.json" if path.is_dir() else None
+        if index is not None and index.is_file():
+            try:
+                shards = set(json.loads(index.read_text())["weight_map"].values())
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise HFInteropError(f"{index} is not a safetensors index: {e}") from e
+            absent = sorted(name for name in shards if not (path / name).is_file())
+            if absent:
+                raise HFInteropError(f"{path} lacks {len(absent)} shard(s) its index lists: {', '.join(absent[:3])}")
         for f in files:
             with safe_open(str(f), framework="pt") as handle:
                 for key in handle.keys():
@@ -201,6 +214,15 @@ class _TensorSource:
 
     def __contains__(self, key: str) -> bool:
         return key in (self._tensors if self._tensors is not None else self._files)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """One tensor's shape, without reading its data from disk."""
+        if self._tensors is not None:
+            return tuple(self._tensors[key].shape)
+        from safetensors import safe_open
+
+        with safe_open(str(self._files[key]), framework="pt") as handle:
+            return tuple(handle.get_slice(key).get_shape())
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor by name (from disk only now, so a large checkpoint is never read whole)."""
@@ -487,3 +509,218 @@ def load_hf_llama_weights(
     hints = {"embed_tokens": "(vocab_size, hidden_size)", "lm_head": "(vocab_size, hidden_size)"}
     _copy_checked(plan, hints)
     return {ours: hf for _, _, ours, hf in plan}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 4: the whole text model (arch = "gemma4")
+
+GEMMA4_TEXT_TYPES = ("gemma4_text", "gemma4")
+
+
+def gemma4_hf_name(ours: str) -> str:
+    """The HF Gemma4TextModel name of one of our `arch = "gemma4"` state-dict entries (`lm_head` is top level)."""
+    if ours.startswith("per_layer_inputs."):
+        ours = ours[len("per_layer_inputs."):]
+    return ours.replace(".ple.", ".")
+
+
+def gemma4_config_from_hf(hf_config: Any) -> ModelConfig:
+    """The plelab ModelConfig (arch = "gemma4") of an HF Gemma 4 text config (object, dict or config.json dict).
+
+    Raises HFInteropError, in one line, for a config that is not Gemma 4 or uses what plelab does not build
+    (MoE blocks, bidirectional attention, attention biases, RoPE scaling, another activation, per-layer
+    overrides other than the full-attention layers' head width and key/value heads).
+    """
+    from plelab.util.dataclass_config import ConfigError, from_dict
+
+    c = _text_config_dict(hf_config)
+    if not c or c.get("model_type") not in GEMMA4_TEXT_TYPES:
+        found = (c or {}).get("model_type")
+        raise HFInteropError(f"not a Gemma 4 config (model_type={found!r}, expected gemma4 / gemma4_text)")
+    unsupported = [
+        ("enable_moe_block", "MoE blocks"), ("use_bidirectional_attention", "bidirectional attention"),
+        ("attention_bias", "attention biases"),
+    ]
+    for key, what in unsupported:
+        if c.get(key):
+            raise HFInteropError(f"this Gemma 4 config uses {what} ({key}={c[key]!r}); plelab does not build them")
+    if c.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise HFInteropError(f"hidden_activation={c['hidden_activation']!r}; plelab's Gemma 4 FFN is GELU-tanh")
+    L = c["num_hidden_layers"]
+    layer_types = c.get("layer_types") or ModelConfig(arch="gemma4", num_layers=L).layer_types
+    full_head_dim, full_kv = _gemma4_full_layer_overrides(c, layer_types)
+    rope = c.get("rope_parameters") or {}
+    sliding_rope = _gemma4_rope(rope.get("sliding_attention", {"rope_theta": 10_000.0}), "sliding_attention")
+    full_rope = _gemma4_rope(
+        rope.get("full_attention", {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}),
+        "full_attention",
+    )
+    dP = c.get("hidden_size_per_layer_input") or 0
+    model = {
+        "arch": "gemma4", "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"], "num_layers": L,
+        "num_heads": c["num_attention_heads"], "num_kv_heads": c["num_key_value_heads"], "head_dim": c["head_dim"],
+        "max_seq_len": c.get("max_position_embeddings", 131_072), "rope_theta": sliding_rope[0],
+        "norm_eps": c["rms_norm_eps"], "tie_embeddings": bool(c.get("tie_word_embeddings", True)),
+        "embed_scale": True, "ffn": {"kind": "swiglu", "intermediate_size": c["intermediate_size"]},
+        "ple": {"dim": dP, "vocab_size": c.get("vocab_size_per_layer_input") if dP else None},
+        "gemma4": {
+            "layer_types": list(layer_types), "sliding_window": c.get("sliding_window", 512),
+            "full_head_dim": full_head_dim, "full_kv_heads": full_kv,
+            "full_rope_theta": full_rope[0], "full_rotary_fraction": full_rope[1],
+            "attention_k_eq_v": bool(c.get("attention_k_eq_v", False)),
+            "num_kv_shared_layers": c.get("num_kv_shared_layers", 0),
+            "double_wide_mlp": bool(c.get("use_double_wide_mlp", False)),
+            "final_logit_softcap": c.get("final_logit_softcapping"),
+        },
+    }
+    try:
+        return from_dict(ModelConfig, model)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise HFInteropError(f"this Gemma 4 config has no plelab equivalent: {e}") from e
+
+
+def _gemma4_rope(params: Mapping[str, Any], kind: str) -> tuple[float, float]:
+    """(theta, rotated fraction) of one attention kind's HF rope_parameters."""
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in ("default", "proportional") or params.get("factor", 1.0) != 1.0:
+        raise HFInteropError(f"{kind} uses rope_type={rope_type!r} factor={params.get('factor', 1.0)}; "
+                             "plelab builds plain and proportional RoPE without scaling")
+    fraction = params.get("partial_rotary_factor", 1.0) if rope_type == "proportional" else 1.0
+    return float(params.get("rope_theta", 10_000.0)), float(fraction)
+
+
+def _gemma4_full_layer_overrides(c: Mapping[str, Any], layer_types: list[str]) -> tuple[int | None, int | None]:
+    """(head width, kv heads) of the full-attention layers, from per_layer_config or the global_* fields."""
+    per_layer = c.get("per_layer_config")
+    if per_layer is None:
+        # What Gemma4TextConfig does when the file predates per_layer_config.
+        kv = c.get("num_global_key_value_heads") if c.get("attention_k_eq_v") else None
+        return c.get("global_head_dim", 512), kv
+    overrides = {int(k): dict(v) for k, v in per_layer.items()}
+    full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    wrong = sorted(set(overrides) - set(full)) + [i for i in full if overrides.get(i) != overrides.get(full[0])]
+    extra = {k for v in overrides.values() for k in v} - {"head_dim", "num_key_value_heads"}
+    if wrong or extra:
+        raise HFInteropError(
+            "per_layer_config must give every full-attention layer the same head_dim / num_key_value_heads and "
+            f"nothing else (layers {wrong}, other fields {sorted(extra)})"
+        )
+    first = overrides.get(full[0], {}) if full else {}
+    return first.get("head_dim"), first.get("num_key_value_heads")
+
+
+def hf_gemma4_config(cfg: ModelConfig, **overrides: Any) -> Any:
+    """A transformers Gemma4TextConfig computing what our `arch = "gemma4"` model computes."""
+    if cfg.arch != "gemma4":
+        raise HFInteropError(f"only arch=gemma4 models export as Gemma 4 (this one is arch={cfg.arch!r})")
+    if cfg.ple.dim:
+        _require_gemma_form(cfg)
+        if cfg.ple_layers != list(range(cfg.num_layers)):
+            raise HFInteropError("HF Gemma 4 puts PLE on every layer; this model has ple.layers set to a subset")
+    try:
+        from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
+    except ImportError as e:
+        raise HFInteropError("transformers with Gemma 4 is not installed (pip install 'plelab[hf]')") from e
+    g = cfg.gemma4
+    full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+    kv, head_dim = cfg.attention_shape(full[0])
+    full_rope = {"rope_type": "proportional", "partial_rotary_factor": g.full_rotary_fraction,
+                 "rope_theta": g.full_rope_theta}
+    kwargs = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_size, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                         "full_attention": full_rope},
+        sliding_window=g.sliding_window, layer_types=cfg.layer_types, final_logit_softcapping=g.final_logit_softcap,
+        hidden_size_per_layer_input=cfg.ple.dim, vocab_size_per_layer_input=cfg.ple_vocab_size,
+        attention_k_eq_v=g.attention_k_eq_v, num_kv_shared_layers=g.num_kv_shared_layers,
+        use_double_wide_mlp=g.double_wide_mlp, attention_bias=False, enable_moe_block=False,
+        per_layer_config={i: {"head_dim": head_dim, "num_key_value_heads": kv} for i in full},
+    )
+    kwargs.update(overrides)
+    try:
+        return Gemma4TextConfig(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise HFInteropError(f"transformers rejects this model as a Gemma 4 config: {e}") from e
+
+
+def hf_gemma4_state_dict(model: LanguageModel) -> dict[str, torch.Tensor]:
+    """Our weights (and layer scalars) under Gemma4ForCausalLM names: `model.` + text-model name, `lm_head.weight`."""
+    hf_gemma4_config(model.config)  # refuses what Gemma 4 cannot express
+    out = {}
+    for name, tensor in model.state_dict().items():
+        out[name if name == "lm_head.weight" else "model." + gemma4_hf_name(name)] = tensor.detach()
+    return out
+
+
+def load_hf_gemma4_weights(
+    model: LanguageModel,
+    source: nn.Module | Mapping[str, torch.Tensor] | str | Path,
+    prefix: str | None = None,
+) -> dict[str, str]:
+    """Copy a whole HF Gemma 4 text model into our `arch = "gemma4"` model; returns {our name: HF name}.
+
+    Every one of our weights must be found with its shape, and every text-model tensor of the source must have
+    a place here; all names and shapes are checked (from file headers) before anything is read or copied, then
+    tensors are read and copied one at a time, so loading never holds a second copy of the model. Vision /
+    audio towers of a multimodal checkpoint are ignored. A model on the meta device is only checked.
+    """
+    cfg = model.config
+    if cfg.arch != "gemma4":
+        raise HFInteropError(f"Gemma 4 weights need an arch=gemma4 model (this one is arch={cfg.arch!r})")
+    src = _TensorSource(source)
+    prefix = _normalise_prefix(prefix) if prefix is not None else _find_prefix(
+        src, "embed_tokens.weight", "Gemma 4 text model"
+    )
+    targets = dict(model.named_parameters()) | dict(model.named_buffers())
+    plan = {ours: prefix + gemma4_hf_name(ours) for ours in model.state_dict() if ours != "lm_head.weight"}
+    head_key = next((k for k in src.keys() if k.endswith("lm_head.weight")), None)
+    if not cfg.tie_embeddings:
+        plan["lm_head.weight"] = head_key or "lm_head.weight"
+    missing = [hf for hf in plan.values() if hf not in src]
+    _raise_missing(missing, src, prefix)
+    unknown = sorted(k for k in src.keys() if k.startswith(prefix) and k not in set(plan.values()) and k != head_key)
+    if unknown:
+        raise HFInteropError(f"the {src.description} has text-model tensors this config does not build: "
+                             f"{', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''} (config/weights mismatch)")
+    wrong = [f"{hf} is {src.shape(hf)}, {ours} needs {tuple(targets[ours].shape)}"
+             for ours, hf in plan.items() if src.shape(hf) != tuple(targets[ours].shape)]
+    if wrong:
+        raise HFInteropError(f"shape mismatch loading HF weights ({len(wrong)}): " + "; ".join(wrong[:3]))
+    if cfg.tie_embeddings and head_key is not None:
+        if not torch.equal(src.get(head_key), src.get(prefix + "embed_tokens.weight")):
+            raise HFInteropError("the HF lm_head is not tied to its embedding; build with tie_embeddings=false")
+    if targets["embed_tokens.weight"].device.type != "meta":
+        with torch.no_grad():
+            for ours, hf in plan.items():
+                target = targets[ours]
+                target.copy_(src.get(hf).to(device=target.device, dtype=target.dtype))
+    return plan
+
+
+def gemma4_folder_config(path: str | Path, like: ModelConfig | None = None) -> ModelConfig:
+    """The ModelConfig of a local HF Gemma 4 folder, its weights checked (names, shapes, shards) but not read.
+
+    `like` contributes the settings that are not architecture (kernels). Every problem is one HFInteropError line.
+    """
+    import dataclasses
+
+    folder = Path(path)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise HFInteropError(f"{folder} is not a Hugging Face model folder (no config.json)")
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HFInteropError(f"{config_file} is not valid JSON: {e}") from e
+    cfg = gemma4_config_from_hf(raw)
+    if like is not None:
+        cfg = dataclasses.replace(cfg, kernels=like.kernels)
+    from plelab.model.transformer import LanguageModel
+
+    with torch.device("meta"):
+        skeleton = LanguageModel(cfg)
+    load_hf_gemma4_weights(skeleton, folder)
+    return cfg

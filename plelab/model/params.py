@@ -18,23 +18,37 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     `rest` is everything but the PLE table and the main embedding: the dense core of an edge model.
     """
     H, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
-    q = cfg.num_heads * cfg.head_size
-    kv = cfg.kv_heads * cfg.head_size
-    ffn = ffn_param_count(H, cfg.ffn)
-    parts = {
-        "embedding": V * H,
-        "attention": L * (H * q + 2 * H * kv + q * H),
-        "ffn": L * ffn["ffn"],
-        "ffn_mask": L * ffn["ffn_mask"],
-        "norms": L * 2 * H + H,
-        "output_head": 0 if cfg.tie_embeddings else V * H,
-    }
+    parts = {"embedding": V * H, "attention": 0, "ffn": 0, "ffn_mask": 0, "norms": H,
+             "output_head": 0 if cfg.tie_embeddings else V * H}
+    for layer in range(L):
+        for part, n in layer_param_count(cfg, layer).items():
+            parts[part] += n
     parts.update(ple_param_count(cfg))
     parts["ple_added"] = sum(parts[k] for k in PLE_PARTS)
     parts["total"] = sum(v for k, v in parts.items() if k != "ple_added")
     parts["base_total"] = parts["total"] - parts["ple_added"]
     parts["rest"] = parts["total"] - parts["ple_table"] - parts["embedding"]
     return parts
+
+
+def layer_param_count(cfg: ModelConfig, layer: int) -> dict[str, int]:
+    """Attention, FFN and norm parameters of one decoder layer (PLE apart)."""
+    H, heads = cfg.hidden_size, cfg.num_heads
+    kv_heads, D = cfg.attention_shape(layer)
+    ffn_cfg = cfg.ffn
+    if cfg.arch != "gemma4":
+        ffn = ffn_param_count(H, ffn_cfg)
+        return {"attention": 2 * H * heads * D + 2 * H * kv_heads * D, "ffn": ffn["ffn"],
+                "ffn_mask": ffn["ffn_mask"], "norms": 2 * H}
+    g = cfg.gemma4
+    owns_kv = cfg.kv_source(layer) == layer
+    # Values are the keys on full layers with attention_k_eq_v; KV-shared layers have neither (nor k_norm).
+    kv_mats = (0 if not owns_kv else 1 if g.attention_k_eq_v and cfg.layer_types[layer] == "full_attention" else 2)
+    if g.double_wide_mlp and not owns_kv:
+        ffn_cfg = dataclasses.replace(ffn_cfg, intermediate_size=2 * ffn_cfg.intermediate_size)
+    ffn = ffn_param_count(H, ffn_cfg)
+    return {"attention": 2 * H * heads * D + kv_mats * H * kv_heads * D, "ffn": ffn["ffn"],
+            "ffn_mask": ffn["ffn_mask"], "norms": 4 * H + D * (2 if owns_kv else 1)}
 
 
 def with_ple_dim(cfg: ModelConfig, dim: int) -> ModelConfig:

@@ -11,6 +11,10 @@ parallelism, written with the plain formulas. The whole forward pass, layer by l
         x = x + PerLayerInjection_l(x, ple[:, :, l])     (only on PLE layers)
     logits = head(norm(x))
 
+That is `arch = "llama"`; `arch = "gemma4"` swaps the layers for transformers' Gemma 4 block
+(plelab/model/gemma4.py: sandwich norms, QK-norm, sliding/full attention, layer scalar), always scales the
+embedding and may soft-cap the logits.
+
 `ModelConfig.kernels` swaps three of the functions (RMSNorm, RoPE, head + cross-entropy) for CPU
 kernels computing the same math (plelab/model/kernels.py); the choice is made once, at construction.
 """
@@ -29,6 +33,7 @@ from plelab.errors import PlelabError
 from plelab.model import kernels
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import build_ffn
+from plelab.model.gemma4 import Gemma4DecoderLayer, gemma4_layers
 from plelab.model.norm import NormFn, RMSNorm, rms_norm
 from plelab.model.ple import PerLayerInjection, PerLayerInputs
 
@@ -91,11 +96,18 @@ class KVCache:
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, length: int, device=None, dtype=torch.float32) -> KVCache:
-        """Allocate a cache for `batch` sequences of up to `length` tokens."""
-        shape = (batch, cfg.kv_heads, length, cfg.head_size)
+        """Allocate a cache for `batch` sequences of up to `length` tokens (nothing for KV-shared layers)."""
+
+        def shape(layer: int) -> tuple[int, ...]:
+            if cfg.kv_source(layer) != layer:
+                return (0,)  # a Gemma 4 KV-shared layer reads its source layer's entries
+            kv_heads, head_dim = cfg.attention_shape(layer)
+            return (batch, kv_heads, length, head_dim)
+
+        shapes = [shape(i) for i in range(cfg.num_layers)]
         return cls(
-            [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)],
-            [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)],
+            [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes],
+            [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes],
         )
 
     @property
@@ -202,9 +214,14 @@ class LanguageModel(nn.Module):
             self.per_layer_inputs = PerLayerInputs(cfg, self.ops.rms_norm) if ple_layers else None
             # Slot of each layer in the packed PLE tensor (absent where the layer has no PLE).
             self.ple_slot = {layer: i for i, layer in enumerate(ple_layers)}
-            self.layers = nn.ModuleList(
-                DecoderLayer(cfg, i in self.ple_slot, self.ops) for i in range(cfg.num_layers)
-            )
+            if cfg.arch == "gemma4":
+                layers = (
+                    Gemma4DecoderLayer(cfg, i, i in self.ple_slot, self.ops.rms_norm, self.ops.rope)
+                    for i in range(cfg.num_layers)
+                )
+            else:
+                layers = (DecoderLayer(cfg, i in self.ple_slot, self.ops) for i in range(cfg.num_layers))
+            self.layers = nn.ModuleList(layers)
             self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, fn=self.ops.rms_norm)
             self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if not skeleton:
@@ -218,8 +235,18 @@ class LanguageModel(nn.Module):
 
     @staticmethod
     def rope_buffers(cfg: ModelConfig, device=None) -> tuple[Tensor, Tensor]:
-        """The RoPE cos/sin tables for `cfg.max_seq_len` positions."""
-        return rope_tables(cfg.head_size, cfg.max_seq_len, cfg.rope_theta, device)
+        """The RoPE cos/sin tables for `cfg.max_seq_len` positions (empty for gemma4, whose two attention kinds
+        have tables of their own, made per forward by plelab.model.gemma4.layer_rope)."""
+        length = 0 if cfg.arch == "gemma4" else cfg.max_seq_len
+        return rope_tables(cfg.head_size, length, cfg.rope_theta, device)
+
+    def rope_slice(self, start: int, length: int, device=None) -> tuple[Tensor, Tensor]:
+        """cos/sin rows for positions start..start+length, from the buffers when they are long enough."""
+        if start + length > self.rope_cos.shape[0]:
+            cos, sin = rope_tables(self.config.head_size, start + length, self.config.rope_theta, device)
+        else:
+            cos, sin = self.rope_cos, self.rope_sin
+        return cos[start : start + length], sin[start : start + length]
 
     def reset_parameters(self, ple_seed: int | None = None) -> None:
         """Initialise every weight, each module by its own `reset_parameters`, in a fixed order.
@@ -260,22 +287,26 @@ class LanguageModel(nn.Module):
         """Final normed hidden states (B, T, H)."""
         self.check_ids(input_ids)
         B, T = input_ids.shape
-        start = cache.pos if cache is not None else 0
-        if start + T > self.rope_cos.shape[0]:
-            cos, sin = rope_tables(self.config.head_size, start + T, self.config.rope_theta, input_ids.device)
-        else:
-            cos, sin = self.rope_cos, self.rope_sin
-        cos, sin = cos[start : start + T], sin[start : start + T]
         x = self.embed_tokens(input_ids)
-        if self.config.embed_scale:
+        if self.config.scales_embedding:
             x = x * math.sqrt(self.config.hidden_size)
         ple = self.per_layer_inputs(input_ids, x) if self.per_layer_inputs is not None else None
-        for i, layer in enumerate(self.layers):
-            slot = self.ple_slot.get(i)
-            x = layer(x, cos, sin, ple[:, :, slot] if slot is not None else None, cache, i)
+        ples = [ple[:, :, self.ple_slot[i]] if i in self.ple_slot else None for i in range(len(self.layers))]
+        if self.config.arch == "gemma4":
+            x = gemma4_layers(self.layers, self.config, x, ples, cache)
+        else:
+            cos, sin = self.rope_slice(cache.pos if cache is not None else 0, T, input_ids.device)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, ples[i], cache, i)
         if cache is not None:
             cache.pos += T
         return self.norm(x)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """The output head on final hidden states, soft-capped where the config says so (Gemma 4)."""
+        logits = F.linear(h, self.output_weight())
+        cap = self.config.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(
         self,
@@ -288,8 +319,9 @@ class LanguageModel(nn.Module):
         are not returned, which lets the kernels fuse the head into the loss (the training path)."""
         h = self.hidden_states(input_ids, cache)
         if targets is None:
-            return F.linear(h[:, -1:] if cache is not None else h, self.output_weight()), None
-        if not return_logits:
+            return self.logits(h[:, -1:] if cache is not None else h), None
+        # The fused head + loss kernel knows no soft-capping.
+        if not return_logits and self.config.logit_softcap is None:
             return None, self.ops.head_loss(h, self.output_weight(), targets)
-        logits = F.linear(h, self.output_weight())
-        return logits, cross_entropy(logits, targets)
+        logits = self.logits(h)
+        return (logits if return_logits else None), cross_entropy(logits, targets)

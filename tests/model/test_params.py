@@ -52,6 +52,10 @@ VARIANTS = [
     ["ple.gate=scalar", "ple.context=false", "ple.output_norm=false"],
     ["ple.gate=vector", "ple.layers=[0]"],
     ["tie_embeddings=false", "ple.dim=0"],
+    ["arch=gemma4"],
+    ["arch=gemma4", "num_layers=4", 'gemma4.layer_types=["sliding_attention","full_attention","sliding_attention",'
+     '"full_attention"]', "gemma4.attention_k_eq_v=true", "gemma4.full_kv_heads=1", "gemma4.full_head_dim=32",
+     "gemma4.num_kv_shared_layers=2", "gemma4.double_wide_mlp=true", "tie_embeddings=false"],
 ]
 
 

@@ -1,0 +1,267 @@
+"""Diagnose a Hugging Face Gemma 3n / Gemma 4 checkpoint's PLE: the report `plelab diagnose` gives for runs.
+
+Everything is measured with hooks on the transformers modules of each decoder layer:
+    per_layer_input_gate       its input is h (the layer's hidden state right before PLE), its output the
+                               gate pre-activation (g = act_fn(.)), so one hook gives the gate statistics
+    post_per_layer_input_norm  its output is the injection y; ablation replaces it (zero / shuffle)
+    embed_tokens_per_layer     the streamed table lookup; 'table' ablation permutes a layer's slice
+Gemma 4 adds y to the residual; Gemma 3n adds it to the AltUp streams other than the active one, so there
+the injection ratio compares y with the active stream h. The table is read from disk (plelab.hf): the
+ablation reads the rows of each batch, table health only the rows of the most frequent tokens.
+
+Expected peak RSS: the text model's non-table parameters x bytes per value (4 in float32) + activations of
+one batch (logits are computed LOGIT_CHUNK positions at a time) + the table rows of one batch and of table
+health (top_k x L x dP x 4 bytes). For Gemma 3n E2B (2.42e9 text parameters besides the 2.01e9-value
+table) that is ~9.7 GB + ~0.5 GB at 8 x 256 tokens in float32, ~4.8 GB + ~0.5 GB with --dtype bfloat16;
+the table (4.0 GB in bf16) adds only page cache. Measured on a 1.07 GB float32 table (tests/hf/test_memory.py):
+peak RSS +71 MB over the process after its imports for a diagnosis, +62 MB for an int4 export.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from plelab.diagnostics import verdict as V
+from plelab.diagnostics.ablation import ABLATION_MODES, _compare, _injection_hook, _pooled, _table_hook
+from plelab.diagnostics.batches import token_frequencies, top_tokens
+from plelab.diagnostics.data_sources import DiagnosticDataError
+from plelab.diagnostics.diagnose import DEFINITIONS, THRESHOLDS, _layer_record, jsonable
+from plelab.diagnostics.gates import GATE_NEAR_ZERO, GateAccumulator
+from plelab.diagnostics.table_health import BASELINE_SEED, DEFAULT_TOP_K, compare_to_random
+from plelab.diagnostics.table_health import DEFINITIONS as TABLE_DEFINITIONS
+from plelab.hf.model import HFTextModel
+
+HF_NOTES = {
+    "gemma3n": "Gemma 3n adds the injection y to its AltUp streams other than the active one; the injection "
+    "ratio divides by the RMS of the active stream h that feeds the gate",
+    "gemma4": "Gemma 4 adds the injection y to the residual h right after the FFN (then scales by layer_scalar)",
+}
+
+
+@contextmanager
+def hf_ple_ablated(model: HFTextModel, layers: Iterable[int], mode: str, seed: int = 0) -> Iterator[None]:
+    """Within the block, the PLE of `layers` is switched off in one of ABLATION_MODES (see ablation.py)."""
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"ablation mode must be one of {ABLATION_MODES}, got {mode!r}")
+    generator = torch.Generator().manual_seed(seed)
+    if mode == "table":
+        handles = [model.table.register_forward_hook(_table_hook(list(layers), model.ckpt.num_layers, generator))]
+    else:
+        hook = _injection_hook(mode, generator)
+        handles = [model.layers[i].post_per_layer_input_norm.register_forward_hook(hook) for i in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def hf_batch_losses(model: HFTextModel, batches: list) -> list[tuple[float, int]]:
+    """(mean loss, target count) of each (x, y) batch."""
+    out = []
+    for x, y in batches:
+        loss, n = model.lm_loss(x, y)
+        out.append((loss.item(), n))
+    return out
+
+
+class _Probe:
+    """Sums of squares of h and y plus gate statistics for one layer, from two hooks."""
+
+    def __init__(self, act_fn):
+        self.act_fn, self.hh, self.yy = act_fn, 0.0, 0.0
+        self.gate = GateAccumulator(GATE_NEAR_ZERO)
+
+    def on_gate(self, module, args, output) -> None:
+        h = args[0].detach()
+        self.hh += h.float().pow(2).sum().item()
+        g = self.act_fn(output.detach())
+        self.gate.add(SimpleNamespace(gate_values=lambda _h: g), h)
+
+    def on_output(self, module, args, output) -> None:
+        self.yy += output.detach().float().pow(2).sum().item()
+
+    def result(self) -> dict[str, float]:
+        ratio = math.sqrt(self.yy / self.hh) if self.hh > 0 else float("nan")  # h and y have the same shape
+        return {"injection_ratio": ratio, **self.gate.result()}
+
+
+@torch.no_grad()
+def hf_probe_layers(model: HFTextModel, batches: list, layers: list[int]) -> dict[int, dict[str, float]]:
+    """Injection ratio, mean |gate| and near-zero gate fraction per layer, pooled over `batches`."""
+    probes = {i: _Probe(model.layers[i].act_fn) for i in layers}
+    handles = []
+    for i in layers:
+        handles.append(model.layers[i].per_layer_input_gate.register_forward_hook(probes[i].on_gate))
+        handles.append(model.layers[i].post_per_layer_input_norm.register_forward_hook(probes[i].on_output))
+    try:
+        for x, _ in batches:
+            model.text(input_ids=x, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {i: probes[i].result() for i in layers}
+
+
+def _summary(full: list, ablated: dict[str, list], idx: list[int]) -> dict:
+    out = {m: _compare([full[i] for i in idx], [a[i] for i in idx]) for m, a in ablated.items()}
+    primary = min(out, key=lambda m: out[m]["delta"])
+    out.update(delta=out[primary]["delta"], se=out[primary]["se"], primary_mode=primary)
+    return out
+
+
+def hf_ablation(model: HFTextModel, batches: list, domains: list[str], layers: list[int],
+                modes: Iterable[str] = ABLATION_MODES, seed: int = 0) -> dict:
+    """ablation_study's result for an HF model, plus 'domains': the all-layers ablation per batch domain."""
+    modes = tuple(modes)
+    full = hf_batch_losses(model, batches)
+    everything = list(range(len(batches)))
+
+    def run(which: list[int]) -> dict[str, list]:
+        per_mode = {}
+        for mode in modes:
+            with hf_ple_ablated(model, which, mode, seed):
+                per_mode[mode] = hf_batch_losses(model, batches)
+        return per_mode
+
+    result = {"loss_full": _pooled(full), "n_batches": len(batches), "n_tokens": sum(n for _, n in full),
+              "modes": list(modes), "layers": {i: _summary(full, run([i]), everything) for i in layers}}
+    all_off = run(layers)
+    result["all"] = _summary(full, all_off, everything)
+    result["domains"] = {}
+    for name in dict.fromkeys(domains):
+        idx = [k for k, d in enumerate(domains) if d == name]
+        s = _summary(full, all_off, idx)
+        verdict, reason = V.ablation_verdict(s["delta"], s["se"])
+        result["domains"][name] = {"batches": len(idx), "loss_full": _pooled([full[k] for k in idx]),
+                                   **s, "noise": V.noise_of(s["se"]), "verdict": verdict, "reason": reason}
+    return result
+
+
+def hf_table_health(model: HFTextModel, layers: list[int], token_ids: np.ndarray | None, top_k: int,
+                    freq_source: str) -> dict:
+    """Table health of the rows of the `top_k` most frequent tokens, read from disk; no 'delta' view."""
+    ckpt = model.ckpt
+    if token_ids is not None and len(token_ids):
+        counts = token_frequencies(token_ids, ckpt.ple_vocab_size)
+        rows = top_tokens(counts, top_k)
+        desc = (f"the {len(rows)} most frequent token ids in {freq_source} ({int(counts.sum()):,} tokens): rare "
+                "rows barely move in training, so whole-table numbers would mostly measure the initialisation")
+    else:
+        g = torch.Generator().manual_seed(BASELINE_SEED)
+        rows = torch.randperm(ckpt.ple_vocab_size, generator=g)[:top_k].numpy()
+        desc = f"{len(rows)} random rows (no token data given: this mostly measures the initialisation)"
+    sel = model.table.read_rows(rows).view(len(rows), ckpt.num_layers, ckpt.ple_dim)
+    views = {
+        "frequent": {"available": True, "rows": desc, "layers": {i: compare_to_random(sel[:, i]) for i in layers}},
+        "delta": {"available": False, "rows": None,
+                  "reason": "a released checkpoint carries no table at initialisation"},
+    }
+    return {"top_k": top_k, "views": views, "definitions": TABLE_DEFINITIONS}
+
+
+def diagnose_hf(model: HFTextModel, batches: list | None = None, domains: list[str] | None = None,
+                token_ids: np.ndarray | None = None, freq_source: str = "the evaluation batches",
+                layers: list[int] | None = None, top_k: int = DEFAULT_TOP_K, probe_shape: tuple[int, int] = (2, 32),
+                ) -> dict:
+    """Every PLE diagnostic plus verdicts for an HF Gemma model, in diagnose_model's JSON-ready format.
+
+    batches: (x, y) evaluation batches, `domains` the domain name of each (per-domain deltas);
+    layers: which decoder layers to diagnose (default all); without batches only proxies, on random tokens.
+    """
+    ckpt = model.ckpt
+    layers = list(range(ckpt.num_layers)) if layers is None else sorted(set(layers))
+    bad = [i for i in layers if not 0 <= i < ckpt.num_layers]
+    if bad or not layers:
+        raise DiagnosticDataError(f"--layers must lie in [0, {ckpt.num_layers}), got {bad or 'none'}")
+    tc = ckpt.text_config
+    report: dict = {
+        "model": {"source": str(ckpt.path), "architecture": ckpt.family, "hidden_size": tc["hidden_size"],
+                  "num_layers": ckpt.num_layers, "ple_dim": ckpt.ple_dim, "ple_layers": layers,
+                  "ple_vocab_size": ckpt.ple_vocab_size, "in_memory_bytes": model.parameter_bytes(),
+                  "table_bytes_on_disk": ckpt.table.shape[0] * ckpt.table.row_bytes},
+        "rules": V.RULES, "thresholds": THRESHOLDS, "definitions": DEFINITIONS, "notes": [HF_NOTES[ckpt.family]],
+    }
+    device = next(model.lm.parameters()).device
+    batches = [(x.to(device), y.to(device)) for x, y in batches or []]
+    if batches:
+        probe_data = batches
+        report["data"] = {"batches": len(batches), "tokens": sum(int(x.numel()) for x, _ in batches)}
+        if token_ids is None:
+            token_ids = torch.cat([x.reshape(-1) for x, _ in batches]).cpu().numpy()
+    else:
+        b, t = probe_shape
+        g = torch.Generator().manual_seed(0)
+        high = min(tc["vocab_size"], ckpt.ple_vocab_size)  # Gemma 4 does not map ids beyond the table to row 0
+        probe_data = [(torch.randint(0, high, (b, t), generator=g).to(device), None) for _ in range(2)]
+        report["data"] = {"batches": 0, "tokens": 0}
+        report["notes"].append("no evaluation data: injection and gate statistics come from random token batches, "
+                               "and the verdict rests on proxies; ablation (the primary evidence) needs data")
+    probes = hf_probe_layers(model, probe_data, layers)
+    abl = hf_ablation(model, batches, domains or ["all"] * len(batches), layers) if batches else None
+    if abl and abl["n_batches"] < 2:
+        report["notes"].append("one evaluation batch: no noise estimate, so the noise band is taken as 0")
+    table = hf_table_health(model, layers, token_ids, top_k, freq_source)
+    recs = [_layer_record(i, probes[i], abl["layers"][i] if abl else None, table, None) for i in layers]
+    overall = V.overall_verdict([r["verdict"] for r in recs], abl["all"] if abl else None)
+    if abl:
+        overall.update(loss_full=abl["loss_full"], ablation_delta_loss=abl["all"]["delta"],
+                       ablation_se=abl["all"]["se"], noise=V.noise_of(abl["all"]["se"]),
+                       **{f"ablation_delta_loss_{m}": abl["all"][m]["delta"] for m in abl["modes"]})
+        report["domains"] = abl["domains"]
+    if len(layers) < ckpt.num_layers:
+        overall["reason"] += f" (layers {layers} only)"
+    report.update(verdict=overall["verdict"], overall=overall, layers=recs)
+    report["table_health"] = {
+        "top_k": table["top_k"],
+        "views": {k: {kk: vv for kk, vv in v.items() if kk != "layers"} for k, v in table["views"].items()},
+        "definitions": table["definitions"],
+    }
+    return jsonable(report)
+
+
+def hf_eval_batches(path: str, model: HFTextModel, batch_size: int, seq_len: int, n_batches: int,
+                    seed: int = 0) -> tuple[list, list[str], np.ndarray, str]:
+    """(batches, domain of each, all their tokens, description) from a folder/file of .txt domains (tokenized
+    with the checkpoint's tokenizer.json) or a .npy token array; every domain gets at least 2 batches."""
+    from pathlib import Path
+
+    from plelab.diagnostics.batches import batches_from_tokens
+
+    p, ckpt = Path(path), model.ckpt
+    if not p.exists():
+        raise DiagnosticDataError(f"{path}: no such file or directory")
+    if p.suffix == ".npy":
+        try:
+            streams = {p.stem: np.load(p, mmap_mode="r").reshape(-1)}
+        except (ValueError, OSError) as exc:
+            raise DiagnosticDataError(f"{p}: not a readable .npy token array ({exc})") from None
+        how = "as given"
+    else:
+        from plelab.data.prepare import load_eval_domains
+        from plelab.data.tokenizer import Tokenizer
+
+        if ckpt.tokenizer_json is None:
+            raise DiagnosticDataError(f"{ckpt.path} has no tokenizer.json to tokenize {path} with; "
+                                      "pass a .npy token array instead")
+        streams = {k: d.tokens for k, d in load_eval_domains(p, Tokenizer.load(ckpt.tokenizer_json)).items()}
+        how = f"tokenized with {ckpt.tokenizer_json}"
+    vocab = ckpt.text_config["vocab_size"]
+    per_domain = max(2, -(-n_batches // len(streams)))
+    batches, domains = [], []
+    for k, (name, tokens) in enumerate(streams.items()):
+        if len(tokens) and int(np.max(tokens)) >= vocab:
+            raise DiagnosticDataError(f"{name} holds token id {int(np.max(tokens))}; the model's vocabulary is {vocab}")
+        got = batches_from_tokens(tokens, batch_size, seq_len, per_domain, seed + k)
+        batches += got
+        domains += [name] * len(got)
+    tokens = np.concatenate([x.reshape(-1).numpy() for x, _ in batches])
+    desc = f"{len(streams)} domain(s) in {path}, {how}, {per_domain} batch(es) of {batch_size} x {seq_len} each"
+    return batches, domains, tokens, desc

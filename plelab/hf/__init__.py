@@ -1,0 +1,12 @@
+"""Local Hugging Face Gemma 3n / Gemma 4 folders: read their PLE without loading the table into RAM.
+
+    checkpoint.py   the folder: config.json, safetensors shards (single or indexed), tokenizer.json; checks
+    safetensors.py  a pread-based safetensors reader: tensors in row chunks, arbitrary rows of the table
+    model.py        the transformers text model with its PLE table served from disk (StreamedEmbedding)
+
+Memory: the table is never materialised. Diagnosing reads only the rows a batch (or table health) needs,
+exporting reads it in chunks of rows; both use os.pread, so the file's pages stay in the page cache
+instead of the process's RSS. The rest of the text model is in memory in the chosen dtype, so the
+expected peak RSS of a diagnosis is about (text parameters - table) x bytes per value + activations
+(see plelab/diagnostics/hf_diagnose.py). transformers is an optional extra (pip install 'plelab[hf]').
+"""

@@ -1,0 +1,161 @@
+"""The transformers Gemma 3n / Gemma 4 text model of a checkpoint, with its PLE table left on disk.
+
+The model is built with a one-row table (so the (V_ple, L x dP) table is never allocated), the other
+text-model weights are copied in row chunks from the shards, and the table module is replaced by a
+StreamedEmbedding that preads the rows each batch needs. Vision and audio towers are not loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint, HFCheckpointError
+from plelab.hf.safetensors import TensorInfo, gather_rows, read_rows, read_tensor
+
+COPY_CHUNK_BYTES = 16 << 20
+"""Bytes of a weight read at a time while loading (the biggest tensor is never whole twice)."""
+LOGIT_CHUNK = 128
+"""Positions whose logits exist at once in `lm_loss` (a 262k vocabulary makes full logits GBs)."""
+
+
+class StreamedEmbedding(nn.Module):
+    """nn.Embedding(...) * scale whose rows are read from a safetensors file on each call."""
+
+    def __init__(self, info: TensorInfo, scale: float, dtype: torch.dtype):
+        super().__init__()
+        self.info, self.scale, self.dtype = info, scale, dtype
+        self.num_embeddings, self.embedding_dim = info.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.detach().reshape(-1).cpu().numpy()
+        if len(flat) and (flat.min() < 0 or flat.max() >= self.num_embeddings):
+            raise IndexError(f"token id {int(flat.max())} outside the PLE table's {self.num_embeddings} rows")
+        rows = gather_rows(self.info, flat).to(self.dtype) * torch.tensor(self.scale, dtype=self.dtype)
+        return rows.view(*ids.shape, self.embedding_dim).to(ids.device)
+
+    def read_rows(self, ids: np.ndarray) -> torch.Tensor:
+        """Unscaled float32 rows `ids` (table health reads the stored values)."""
+        return gather_rows(self.info, ids)
+
+
+def _classes(family: str):
+    try:
+        if family == "gemma3n":
+            from transformers import Gemma3nForCausalLM, Gemma3nTextConfig
+            return Gemma3nForCausalLM, Gemma3nTextConfig
+        from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+        return Gemma4ForCausalLM, Gemma4TextConfig
+    except ImportError as exc:
+        raise HFCheckpointError(f"reading a Gemma checkpoint needs transformers>=5 (pip install 'plelab[hf]'): "
+                                f"{exc}") from None
+
+
+def _copy_in(param: torch.Tensor, info: TensorInfo) -> None:
+    if not info.shape:
+        param.copy_(read_tensor(info))
+        return
+    step = max(1, COPY_CHUNK_BYTES // max(1, info.row_bytes))
+    for a in range(0, info.shape[0], step):
+        b = min(info.shape[0], a + step)
+        param[a:b].copy_(read_rows(info, a, b))
+
+
+@dataclass
+class HFTextModel:
+    """A loaded text model, its checkpoint, and where its PLE lives."""
+
+    lm: nn.Module
+    ckpt: HFCheckpoint
+
+    @property
+    def text(self) -> nn.Module:
+        """The decoder (Gemma3nTextModel / Gemma4TextModel)."""
+        return self.lm.model
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """Decoder layers; each has per_layer_input_gate, act_fn, per_layer_projection, post_per_layer_input_norm."""
+        return self.text.layers
+
+    @property
+    def table(self) -> StreamedEmbedding:
+        """The streamed PLE table module."""
+        return self.text.embed_tokens_per_layer
+
+    def lm_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(mean next-token loss over targets >= 0, their count), logits computed a chunk of positions at a time."""
+        h = self.text(input_ids=x, use_cache=False).last_hidden_state
+        valid = y >= 0
+        n = int(valid.sum())
+        if n == 0:
+            return h.new_zeros((), dtype=torch.float32), 0
+        hv, yv = h[valid], y[valid]
+        cap = getattr(self.lm.config, "final_logit_softcapping", None)
+        total = h.new_zeros((), dtype=torch.float32)
+        for a in range(0, n, LOGIT_CHUNK):
+            logits = self.lm.lm_head(hv[a : a + LOGIT_CHUNK]).float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            total = total + F.cross_entropy(logits, yv[a : a + LOGIT_CHUNK], reduction="sum")
+        return total / n, n
+
+    def parameter_bytes(self) -> int:
+        """Bytes of the in-memory parameters and buffers (everything but the streamed table)."""
+        seen, total = set(), 0
+        for t in [*self.lm.parameters(), *self.lm.buffers()]:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
+
+def load_text_model(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32) -> HFTextModel:
+    """The checkpoint's text model in `dtype`, eval mode, its PLE table streamed from disk."""
+    model_cls, config_cls = _classes(ckpt.family)
+    from transformers.initialization import no_init_weights
+
+    try:
+        cfg = config_cls.from_dict(dict(ckpt.text_config))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise HFCheckpointError(f"{ckpt.path}: transformers rejects the text config ({exc})") from None
+    cfg._attn_implementation = "eager"  # the reference path; SDPA's masks differ across versions
+    real_rows = cfg.vocab_size_per_layer_input
+    cfg.vocab_size_per_layer_input = 1  # a one-row stand-in: the real table stays on disk
+    with no_init_weights():
+        lm = model_cls(cfg)
+    cfg.vocab_size_per_layer_input = real_rows
+    tied = bool(getattr(cfg, "tie_word_embeddings", True))
+    if tied:  # no_init_weights also skips transformers' tying
+        lm.lm_head.weight = lm.model.embed_tokens.weight
+    lm.to(dtype).eval().requires_grad_(False)
+    missing, used = [], {TABLE_SUFFIX}
+    state = lm.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name, param in state.items():
+            if name == f"model.{TABLE_SUFFIX}" or (tied and name == "lm_head.weight"):
+                continue
+            info = ckpt.lm_head if name == "lm_head.weight" else ckpt.tensors.get(name.removeprefix("model."))
+            if info is None:
+                missing.append(ckpt.prefix + name.removeprefix("model.") if name != "lm_head.weight" else name)
+                continue
+            if tuple(param.shape) != info.shape:
+                raise HFCheckpointError(f"{ckpt.path}: config/weights mismatch: {ckpt.prefix}"
+                                        f"{name.removeprefix('model.')} has shape {info.shape}, config.json "
+                                        f"implies {tuple(param.shape)}")
+            _copy_in(param, info)
+            used.add(name.removeprefix("model."))
+    extra = sorted(set(ckpt.tensors) - used)
+    if missing or extra:
+        names = missing[:3] if missing else [ckpt.prefix + e for e in extra[:3]]
+        what = (f"lacks {len(missing)} tensor(s) the config implies" if missing
+                else f"holds {len(extra)} text tensor(s) the config does not")
+        what += f": {', '.join(names)}"
+        raise HFCheckpointError(f"{ckpt.path}: config/weights mismatch: the checkpoint {what}")
+    scale = float(ckpt.ple_dim) ** 0.5  # Gemma scales the per-layer rows by sqrt(dP), as its ScaledWordEmbedding
+    lm.model.embed_tokens_per_layer = StreamedEmbedding(ckpt.table, scale, dtype)
+    return HFTextModel(lm, ckpt)

@@ -1,0 +1,85 @@
+"""Write a plelab `arch = "gemma4"` run as a Hugging Face folder that transformers loads as Gemma4ForCausalLM.
+
+The folder holds config.json (a Gemma4TextConfig, see hf_interop.hf_gemma4_config), generation_config.json,
+model.safetensors (our weights under HF names, no tensor changed) and the run's tokenizer (tokenizer.json
+plus tokenizer_config.json naming its special tokens: eos = bos = the run's end-of-text, and pad). It is
+assembled in a hidden temp folder next to OUT and renamed into place, so OUT is either absent, the previous
+folder (with --overwrite), or complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from plelab.errors import PlelabError
+from plelab.model.hf_interop import HFInteropError, hf_gemma4_config, hf_gemma4_state_dict
+from plelab.util.fs import check_output_path, fsync_dir
+
+
+def export_hf(run: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+    """Export the newest checkpoint of `run` (or a checkpoint folder) to the HF folder `out`; returns `out`."""
+    from plelab.inference.load import checkpoint_tokenizer, load_model
+
+    out = check_output_path(out, overwrite=overwrite, inputs=(run,), is_dir=True)
+    model, _ = load_model(run)
+    cfg = model.config
+    if cfg.arch != "gemma4":
+        raise HFInteropError(
+            f"{run} is an arch={cfg.arch!r} model; export-hf writes Gemma 4 and needs a model trained with "
+            "arch=gemma4"
+        )
+    if cfg.ple.dim and cfg.ple_vocab_size != cfg.vocab_size:
+        raise HFInteropError(
+            f"ple.vocab_size={cfg.ple_vocab_size} differs from vocab_size={cfg.vocab_size}: transformers' Gemma 4 "
+            "looks every id up in the PLE table, so it cannot run this model"
+        )
+    tokenizer = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
+    hf_config = hf_gemma4_config(
+        cfg, eos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.eot_id,
+    )
+    hf_config.architectures = ["Gemma4ForCausalLM"]
+    hf_config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    weights = {k: v.contiguous() for k, v in hf_gemma4_state_dict(model).items()}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        _write_folder(tmp, hf_config, weights, tokenizer)
+        _replace_folder(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_folder(folder: Path, hf_config, weights: dict[str, torch.Tensor], tokenizer) -> None:
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    hf_config.save_pretrained(folder)
+    GenerationConfig(eos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.pad_id).save_pretrained(folder)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.to_hf().save_pretrained(folder)
+    for f in folder.iterdir():
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _replace_folder(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` (overwrite was checked) is moved aside first, then deleted."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old.{os.getpid()}")
+        if out.is_dir() and not out.is_symlink():
+            os.rename(out, old)
+        else:
+            raise PlelabError(f"output {out} exists and is not a folder")
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

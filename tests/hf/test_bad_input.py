@@ -1,0 +1,117 @@
+"""Bad Hugging Face folders: one line on stderr, exit 2, from every --hf command, before any weight is read."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from plelab.cli.main import main
+from plelab.hf.safetensors import gather_rows, read_header, read_rows, read_tensor
+
+COMMANDS = {
+    "diagnose": lambda folder, tmp: ["diagnose", "--hf", str(folder)],
+    "export": lambda folder, tmp: ["export", "--hf", str(folder), "--out", str(tmp / "x.ple")],
+}
+
+
+def one_line_error(argv, capsys) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture()
+def copy(make_gemma, tmp_path):
+    def make(family: str = "gemma3n"):
+        dst = tmp_path / "ckpt"
+        shutil.copytree(make_gemma(family), dst)
+        return dst
+    return make
+
+
+def _edit_config(folder, **changes) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_not_gemma(copy, tmp_path, capsys, command):
+    folder = copy()
+    _edit_config(folder, model_type="llama")
+    err = one_line_error(COMMANDS[command](folder, tmp_path), capsys)
+    assert "model_type 'llama' is not Gemma 3n or Gemma 4" in err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_missing_shard(copy, tmp_path, capsys, command):
+    folder = copy()
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    err = one_line_error(COMMANDS[command](folder, tmp_path), capsys)
+    assert "1 of 2 weight shard(s)" in err and "model-00002-of-00002.safetensors" in err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_config_disagrees_with_table(copy, tmp_path, capsys, command):
+    folder = copy()
+    _edit_config(folder, hidden_size_per_layer_input=16)
+    err = one_line_error(COMMANDS[command](folder, tmp_path), capsys)
+    assert "config/weights mismatch" in err and "embed_tokens_per_layer.weight has shape" in err
+
+
+def test_config_disagrees_with_a_core_weight(copy, tmp_path, capsys):
+    folder = copy("gemma4")
+    _edit_config(folder, intermediate_size=48)
+    err = one_line_error(COMMANDS["diagnose"](folder, tmp_path), capsys)
+    assert "config/weights mismatch" in err and "mlp" in err
+
+
+def test_missing_weight(copy, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    folder = copy("gemma4")
+    sd = load_file(str(folder / "model.safetensors"))
+    del sd["model.layers.1.per_layer_projection.weight"]
+    save_file(sd, str(folder / "model.safetensors"))
+    err = one_line_error(COMMANDS["diagnose"](folder, tmp_path), capsys)
+    assert "lacks 1 tensor(s)" in err and "model.layers.1.per_layer_projection.weight" in err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_not_a_model_folder_and_truncated_shard(copy, tmp_path, capsys, command):
+    assert "no config.json" in one_line_error(COMMANDS[command](tmp_path, tmp_path), capsys)
+    folder = copy()
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "truncated" in one_line_error(COMMANDS[command](folder, tmp_path), capsys)
+
+
+def test_either_source_or_hf(make_gemma, tmp_path, capsys):
+    folder = make_gemma("gemma3n")
+    assert "either" in one_line_error(["diagnose"], capsys)
+    assert "either" in one_line_error(["export", "tiny", "--hf", str(folder), "--out", str(tmp_path / "x")], capsys)
+    assert "layers 0..1" in one_line_error(["diagnose", "--hf", str(folder), "--layers", "5"], capsys)
+
+
+def test_reader_matches_safetensors_for_every_dtype(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    ts = {f"t_{d}": torch.randn(7, 3, generator=g).to(getattr(torch, d)) for d in ("float32", "float16", "bfloat16")}
+    ts["scalar"] = torch.tensor(2.5)
+    save_file({k: v for k, v in ts.items()}, str(tmp_path / "m.safetensors"))
+    infos = read_header(tmp_path / "m.safetensors")
+    for name, t in ts.items():
+        assert torch.equal(read_tensor(infos[name]), t)
+    info = infos["t_bfloat16"]
+    assert torch.equal(read_rows(info, 2, 5), ts["t_bfloat16"][2:5])
+    ids = np.array([6, 0, 1, 1, 4, 5])
+    assert torch.equal(gather_rows(info, ids), ts["t_bfloat16"].float()[torch.from_numpy(ids)])
