@@ -14,6 +14,9 @@ round and medians over repeats after warm-up (the machine is shared, so single t
 2. the step-time cost of PLE at dP = H/2 against dP = 0 on the same core (dense AdamW on the table).
 3. CPU MFU of ours: 6 * matmul params * tokens/s / a measured fp32 matmul peak (tables excluded),
    and the same with the attention term (see plelab/training/mfu.py).
+4. bf16: ours under CPU bf16 autocast (what `dtype = "auto"` picks on a CPU with AVX512-BF16/AMX) against
+   ours in fp32, and Llama under the same autocast against Llama at its default precision (fp32 weights, no
+   autocast), all in the same rotation as 1.; plus the bf16 matmul peak. Weights and AdamW stay fp32.
 
     python3 benchmarks/bench_train_step.py            # default size, about 1-2 minutes on 2 idle cores
     python3 benchmarks/bench_train_step.py --quick    # tiny smoke run, seconds on an idle machine
@@ -37,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from plelab.inference.device import choose_precision  # noqa: E402
 from plelab.model.config import ModelConfig  # noqa: E402
 from plelab.model.params import count_params, matmul_params, with_ple_dim  # noqa: E402
 from plelab.model.presets import load_model_config  # noqa: E402
@@ -89,22 +93,27 @@ def parity(ours: LanguageModel, llama: torch.nn.Module, ids: torch.Tensor, targe
     }
 
 
-def step_fn(model: torch.nn.Module, kind: str, ids: torch.Tensor, targets: torch.Tensor) -> Callable[[], float]:
+def step_fn(
+    model: torch.nn.Module, kind: str, ids: torch.Tensor, targets: torch.Tensor, dtype: str = "fp32"
+) -> Callable[[], float]:
     """A closure running one training step (zero_grad, forward, backward, AdamW step); returns the loss.
 
     kind: "llama" (HF's own loss from labels=ids), "ours" (the training path: return_logits=False, head and
     cross-entropy fused in chunks) or "ours_logits" (forward also returns the full logits tensor).
+    dtype: "fp32" or "bf16" (the forward under CPU bf16 autocast, exactly as the trainer runs it).
     """
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     model.train()
+    precision = choose_precision(torch.device("cpu"), dtype)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        if kind == "llama":
-            # The standard HF training call: labels = ids, the model shifts them itself.
-            loss = model(input_ids=ids, labels=ids).loss
-        else:
-            loss = model(ids, targets, return_logits=kind == "ours_logits")[1]
+        with precision.autocast(torch.device("cpu")):
+            if kind == "llama":
+                # The standard HF training call: labels = ids, the model shifts them itself.
+                loss = model(input_ids=ids, labels=ids).loss
+            else:
+                loss = model(ids, targets, return_logits=kind == "ours_logits")[1]
         loss.backward()
         opt.step()
         return loss.item()
@@ -199,9 +208,11 @@ def main(argv: list[str] | None = None) -> dict:
     llama = llama_model(cfg)
     ours_plain = LanguageModel(cfg)
     ours_ref = LanguageModel(model_config(args, kernels="off"))
-    t_llama, t_ours, t_plain, t_ref = rotate(
+    ours_bf16, llama_bf16 = LanguageModel(cfg), llama_model(cfg)
+    t_llama, t_ours, t_plain, t_ref, t_ours_bf16, t_llama_bf16 = rotate(
         [step_fn(llama, "llama", ids, targets), step_fn(ours, "ours", ids, targets),
-         step_fn(ours_plain, "ours_logits", ids, targets), step_fn(ours_ref, "ours", ids, targets)],
+         step_fn(ours_plain, "ours_logits", ids, targets), step_fn(ours_ref, "ours", ids, targets),
+         step_fn(ours_bf16, "ours", ids, targets, "bf16"), step_fn(llama_bf16, "llama", ids, targets, "bf16")],
         args.warmup, args.repeats,
     )
 
@@ -215,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     peaks.append(measure_matmul_peak(**peak_kw))
     peak = max(peaks)
+    peak_bf16 = measure_matmul_peak(torch.bfloat16, **peak_kw)
     med_ours, med_llama = statistics.median(t_ours.wall), statistics.median(t_llama.wall)
     med_base, med_ple = statistics.median(t_base.wall), statistics.median(t_ple.wall)
     tok_s = tokens / med_ours
@@ -229,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
             "optimizer": {"name": "torch.optim.AdamW", **{k: list(v) if isinstance(v, tuple) else v
                                                           for k, v in ADAMW.items()}},
             "llama": "transformers.LlamaForCausalLM, attn_implementation=sdpa, labels=ids (HF's own loss)",
-            "warmup": args.warmup, "repeats": args.repeats, "order": "rotating (ABCD, BCDA, ..., then reversed)",
+            "warmup": args.warmup, "repeats": args.repeats, "order": "rotating (ABCDEF, BCDEFA, ..., then reversed)",
         },
         "env": {
             "torch": torch.__version__, "transformers": __import__("transformers").__version__,
@@ -267,6 +279,19 @@ def main(argv: list[str] | None = None) -> dict:
             "mfu_with_attention": mfu(tok_s, cfg, peak, args.seq, attention=True),
             "ple_tokens_per_s": tok_s_ple,
             "ple_mfu_6n": mfu(tok_s_ple, cfg_ple, peak, args.seq, attention=False),
+        },
+        "bf16": {
+            "precision_auto_here": str(choose_precision(torch.device("cpu"), "auto")),
+            "ours_bf16_autocast": summary(t_ours_bf16), "llama_bf16_autocast": summary(t_llama_bf16),
+            "ratio_ours_fp32_over_ours_bf16": med_ours / statistics.median(t_ours_bf16.wall),
+            "ratio_llama_fp32_over_llama_bf16": med_llama / statistics.median(t_llama_bf16.wall),
+            "ratio_llama_bf16_over_ours_bf16": statistics.median(t_llama_bf16.wall)
+            / statistics.median(t_ours_bf16.wall),
+            "ratio_llama_default_over_ours_bf16": med_llama / statistics.median(t_ours_bf16.wall),
+            "matmul_peak_bf16_flops": peak_bf16,
+            "ratio_matmul_peak_bf16_over_fp32": peak_bf16 / peak,
+            "how": "torch.autocast('cpu', bfloat16) around forward + loss; fp32 weights, grads and AdamW; "
+                   "llama default = fp32, no autocast",
         },
         "wall_s": time.perf_counter() - t_start,
     }

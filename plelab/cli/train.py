@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import textwrap
 from pathlib import Path
 
 from plelab.cli.common import add_command, add_set_flag
 from plelab.errors import PlelabError
 from plelab.training.config import load_train_config
+from plelab.training.run_dir import CONFIG_FILE, HISTORY_FILE, RESUMABLE_FIELDS
 
 
 def add_parser(sub) -> None:
@@ -17,43 +20,73 @@ def add_parser(sub) -> None:
         sub, "train", "Train a (PLE) language model; kill it at any moment and continue with --resume.",
         "plelab train configs/small-ple.toml --out runs/small-ple --set max_steps=2000\n"
         "  plelab train configs/small-ple.toml --out runs/small-base --set model.ple.dim=0\n"
-        "  plelab train --out runs/small-ple --resume",
+        "  plelab train --out runs/small-ple --resume --set max_steps=4000\n\n"
+        + textwrap.fill(f"On --resume, only these settings may change: {', '.join(RESUMABLE_FIELDS)}.", 100)
+        + f"\nEach change is recorded in RUN/{HISTORY_FILE}; changing anything else is refused.\n"
+        "Resume starts from the newest checkpoint that passes its checksums; a newer corrupt one is skipped\n"
+        "with a note. One process at a time may train into a run directory (it is locked).\n\n"
+        "On several processes: torchrun --nproc_per_node 2 -m plelab train CONFIG --out RUN --set parallel=ddp\n"
+        "(or fsdp; the PLE table is split by vocabulary across ranks; see docs/distributed.md).",
         run,
     )
     p.add_argument("config", nargs="?", help="training config (TOML/YAML/JSON); optional with --resume")
     p.add_argument("--out", required=True, help="run directory (config, metrics.jsonl, checkpoints)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its newest intact checkpoint (--out must hold a run)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a different run (or other files) already in --out instead of refusing")
+    p.add_argument("--init-from-hf", metavar="PATH",
+                   help="start from a local Hugging Face Gemma 4 folder: its config.json replaces the config's "
+                   "[model] (arch=gemma4), its safetensors weights the random initialisation")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     add_set_flag(p)
 
 
-def build_callbacks(cfg) -> list:
-    """Callbacks the config asks for: PLE diagnostics monitor, TensorBoard, W&B."""
-    from plelab.training.loggers import optional_loggers
-
-    callbacks, notes = optional_loggers(cfg.tensorboard, cfg.wandb)
-    for note in notes:
-        print(f"note: {note}")
-    if cfg.diagnostics_every and cfg.model.ple.dim:
-        from plelab.diagnostics.monitor import PLEMonitor
-
-        callbacks.append(PLEMonitor(every=cfg.diagnostics_every, early_fraction=cfg.early_warning_fraction))
-    return callbacks
-
-
 def run(args: argparse.Namespace) -> int:
-    """Build the trainer and run it."""
+    """Build the trainer and run it (on every rank under torchrun; rank 0 alone reports user errors)."""
+    from plelab.parallel.group import PeerLost, abandon_group, world_from_env
+
+    world = world_from_env()
+    try:
+        return _run(args)
+    except PeerLost:
+        raise  # the group is broken (destroying it can hang): say so and exit; torchrun stops the rest
+    except PlelabError:
+        abandon_group()
+        if world.is_main:
+            raise
+        return 2  # the same error (or a PeerError naming it) is printed once, by rank 0
+
+
+def _run(args: argparse.Namespace) -> int:
     from plelab.training.trainer import Trainer
 
     out = Path(args.out)
+    if args.resume and args.overwrite:
+        raise PlelabError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    if args.resume and not (out / CONFIG_FILE).is_file():
+        what = "does not exist" if not out.exists() else "holds no plelab run"
+        raise PlelabError(f"--resume: {out} {what}; check --out, or drop --resume to start a new run")
     if args.config:
         cfg = load_train_config(args.config, args.overrides)
-    elif args.resume and (out / "config.json").is_file():
-        cfg = load_train_config(out / "config.json", args.overrides)
+    elif args.resume:
+        cfg = load_train_config(out / CONFIG_FILE, args.overrides)
     else:
         raise PlelabError("give a training config (or --resume an existing run directory)")
-    trainer = Trainer(cfg, out, callbacks=build_callbacks(cfg), resume=args.resume, quiet=args.quiet)
+    if args.init_from_hf:
+        from plelab.model.hf_interop import gemma4_folder_config, load_hf_gemma4_weights
+
+        if args.resume:
+            raise PlelabError("--init-from-hf starts a new run; --resume continues one from its own checkpoint")
+        cfg = dataclasses.replace(cfg, model=gemma4_folder_config(args.init_from_hf, cfg.model))
+    trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    if args.init_from_hf:
+        try:
+            load_hf_gemma4_weights(trainer.model, args.init_from_hf)
+        except BaseException:
+            trainer.close()
+            raise
     try:
         final = trainer.run()
     except KeyboardInterrupt:

@@ -231,14 +231,20 @@ class BatchLoader:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from `state_dict()` output (any rank's state works: only the position is taken)."""
-        now = {"seed": self.seed, "batch_size": self.batch_size, "seq_len": self.seq_len,
-               "world_size": self.world_size, "n_windows": self.n_windows,
+        """Resume from `state_dict()` output (any rank's state works: only the position is taken).
+
+        The position counts global batches (batch_size x world_size windows), so a run may resume on another
+        number of ranks as long as the global batch is the same."""
+        now = {"seed": self.seed, "global_batch_size": self.batch_size * self.world_size, "seq_len": self.seq_len,
+               "n_windows": self.n_windows,
                "tokenizer_sha256": self.dataset.tokenizer_sha256, "data_fingerprint": self.dataset.fingerprint}
+        saved = dict(state)
+        if "batch_size" in saved:
+            saved["global_batch_size"] = saved["batch_size"] * saved.get("world_size", 1)
         for key, have in now.items():
-            if key in state and state[key] != have:
-                raise DataError(f"cannot resume the data loader: saved {key}={state[key]!r}, now {have!r} "
-                                "(a resumed run must use the same data, batch size, sequence length, seed and ranks)")
+            if key in saved and saved[key] != have:
+                raise DataError(f"cannot resume the data loader: saved {key}={saved[key]!r}, now {have!r} "
+                                "(a resumed run must use the same data, global batch, sequence length and seed)")
         self.epoch = int(state["epoch"])
         self.index = int(state["index"])
 

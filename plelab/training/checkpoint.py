@@ -7,6 +7,11 @@ Layout of one checkpoint directory (`RUN_DIR/checkpoints/step_00000100/`):
     state.pt            optimizer, scheduler, loader, RNG and step (absent in weights-only exports)
     manifest.json       sha256 + size of every file above; written last, so its presence marks completion
 `RUN_DIR/checkpoints/LATEST` names the newest complete checkpoint.
+
+A checkpoint written by several ranks (`plelab.parallel.checkpoint`) holds `.metadata` + `__R_0.distcp`
+(torch.distributed.checkpoint: weights and optimizer state, each rank its own shards) instead of
+model.safetensors, and state.pt without the optimizer; the manifest covers every file the same way.
+`read_weights` and `load_training_state` read both kinds into one process.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,12 @@ from plelab.util.dataclass_config import to_dict
 from plelab.util.fs import atomic_write_bytes, fsync_dir, sha256_file
 
 __all__ = ["atomic_write_bytes", "sha256_file"]  # re-exported: other modules import them from here
+
+SHARDED_METADATA = ".metadata"
+"""torch.distributed.checkpoint's index file: its presence marks a sharded checkpoint (`__R_0.distcp` per rank)."""
+SHARDED_MODEL_PREFIX = "model/"
+SHARDED_OPTIM_PREFIX = "optim/"
+"""Keys in a sharded checkpoint: `model/<parameter>` and `optim/<parameter>.<exp_avg|exp_avg_sq|step>`."""
 
 DELETING_SUFFIX = ".deleting"
 """A pruned checkpoint is renamed to `.step_N.deleting` before its files are removed."""
@@ -54,8 +66,7 @@ def save_checkpoint(
 ) -> Path:
     """Write a complete checkpoint into `ckpt_dir` atomically (built in a temp dir, then renamed)."""
     ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=ckpt_dir.parent, prefix=f".{ckpt_dir.name}.tmp"))
+    tmp = new_checkpoint_tmp(ckpt_dir)
     try:
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         if state is None:
@@ -75,19 +86,30 @@ def save_checkpoint(
             with _write_errors_as_oserror(tmp / "state.pt"):
                 torch.save(state, tmp / "state.pt")
             files.append("state.pt")
-        for name in files:
-            _fsync_file(tmp / name)
-        manifest = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files}
-        atomic_write_bytes(tmp / "manifest.json", json.dumps(manifest, indent=2).encode())
-        fsync_dir(tmp)
-        if ckpt_dir.exists():
-            shutil.rmtree(ckpt_dir)
-        os.replace(tmp, ckpt_dir)
-        fsync_dir(ckpt_dir.parent)
+        commit_checkpoint(tmp, ckpt_dir, files)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ckpt_dir
+
+
+def new_checkpoint_tmp(ckpt_dir: Path) -> Path:
+    """A fresh temp dir beside `ckpt_dir` to build it in (removed by `remove_leftovers` if the writer dies)."""
+    ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=ckpt_dir.parent, prefix=f".{ckpt_dir.name}.tmp"))
+
+
+def commit_checkpoint(tmp: Path, ckpt_dir: Path, files: list[str]) -> None:
+    """Seal a checkpoint built in `tmp`: fsync `files`, write the manifest last, rename it into `ckpt_dir`."""
+    for name in files:
+        _fsync_file(tmp / name)
+    manifest = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files}
+    atomic_write_bytes(tmp / "manifest.json", json.dumps(manifest, indent=2).encode())
+    fsync_dir(tmp)
+    if ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    os.replace(tmp, ckpt_dir)
+    fsync_dir(ckpt_dir.parent)
 
 
 _WRITE_FAILURE = ("PytorchStreamWriter", "inline_container", "file write failed", "I/O error")
@@ -201,9 +223,43 @@ def newest_verified_checkpoint(run_dir: str | Path) -> tuple[Path, list[str]]:
     raise CheckpointError(f"{run_dir} holds no complete checkpoint")
 
 
+def is_sharded(ckpt: Path) -> bool:
+    """Whether a checkpoint was written by several ranks (torch.distributed.checkpoint files, no safetensors)."""
+    return (Path(ckpt) / SHARDED_METADATA).is_file()
+
+
+def read_sharded(ckpt: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The full (unsharded) tensors under `prefix` of a sharded checkpoint, in this one process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
+        want = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()
+                if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(want, checkpoint_id=str(ckpt), no_dist=True)
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            raise
+        raise CheckpointError(f"{ckpt}: unreadable sharded checkpoint ({str(exc).splitlines()[0][:200]})") from exc
+    return {k.removeprefix(prefix): v for k, v in want.items()}
+
+
 def read_weights(ckpt: Path, model: LanguageModel, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """A checkpoint's weights as a state dict for `model` (packed masks unpacked, completeness checked)."""
-    weights = unpack_mask_weights(load_file(str(Path(ckpt) / "model.safetensors"), device=str(device)), model)
+    if is_sharded(ckpt):
+        weights = {k: v.to(device) for k, v in read_sharded(ckpt, SHARDED_MODEL_PREFIX).items()}
+    else:
+        weights = load_file(str(Path(ckpt) / "model.safetensors"), device=str(device))
+    weights = unpack_mask_weights(weights, model)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [k for k, v in weights.items() if k in shapes and tuple(v.shape) != shapes[k]]
+    if wrong:
+        k = wrong[0]
+        raise CheckpointError(f"{ckpt}: {k} has shape {tuple(weights[k].shape)} but the model needs {shapes[k]} "
+                              "(was the model shape changed?)")
     missing = set(model.state_dict()) - set(weights)
     if missing:
         raise CheckpointError(f"{ckpt}: weights missing for {sorted(missing)[:5]}")
@@ -215,7 +271,15 @@ def load_training_state(ckpt: Path) -> dict[str, Any]:
     f = Path(ckpt) / "state.pt"
     if not f.is_file():
         raise CheckpointError(f"{ckpt} has no training state (a weights-only checkpoint cannot be resumed)")
-    return torch.load(f, map_location="cpu", weights_only=False)
+    state = torch.load(f, map_location="cpu", weights_only=False)
+    if is_sharded(ckpt):
+        flat = read_sharded(ckpt, SHARDED_OPTIM_PREFIX)
+        named: dict[str, dict[str, torch.Tensor]] = {}
+        for key, value in flat.items():
+            name, _, field = key.rpartition(".")
+            named.setdefault(name, {})[field] = value
+        state["optimizer"] = {"named": named}
+    return state
 
 
 def prune_checkpoints(ckpts_dir: Path, keep: int) -> None:

@@ -53,7 +53,22 @@ class TrainConfig:
     device: str = "auto"
     """auto (cuda, then mps, then cpu), or an explicit torch device."""
     dtype: str = "auto"
-    """auto (bf16 autocast where the hardware supports it, else fp32), bf16 or fp32."""
+    """auto = bf16 autocast where the hardware computes bf16 natively (CUDA with bf16; CPUs with AVX512-BF16,
+    AMX or aarch64 BF16), else fp32; or bf16 / fp32. The run prints its choice and why
+    (plelab.inference.device.choose_precision). Weights, optimizer state, norms and the loss stay fp32."""
+    compile: bool = False
+    """torch.compile the model (nn.Module.compile: checkpoints keep their parameter names). Pays on CUDA;
+    the first steps are slow while it compiles."""
+    pin_memory: bool = True
+    """On CUDA, copy each batch through pinned host memory with non_blocking=True (no effect on the CPU)."""
+    parallel: str = "none"
+    """Under torchrun: "ddp" (weights replicated, gradients all-reduced) or "fsdp" (FSDP2 fully_shard per decoder
+    layer + root: weights, gradients and optimizer state sharded). Either way the PLE table is split by
+    vocabulary across ranks (plelab.parallel). batch_size is then the global batch (divisible by the world
+    size). One process without torchrun ignores it and trains as with "none"."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of storing them (less memory, ~1/3
+    more compute)."""
     log_every: int = 10
     """Print and log a metrics line every N steps."""
     eval_every: int = 0
@@ -85,6 +100,8 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.parallel not in ("none", "ddp", "fsdp"):
+            raise ConfigError(f"parallel must be none, ddp or fsdp, got {self.parallel!r}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
 

@@ -12,6 +12,7 @@ from plelab.data.loader import BatchLoader, TokenDataset
 from plelab.data.prepare import EvalDomain, load_eval_domains
 from plelab.data.tokenizer import Tokenizer
 from plelab.errors import PlelabError
+from plelab.inference.device import host_to_device
 
 
 def split_as_domain(dataset: TokenDataset, max_tokens: int, name: str = "val") -> EvalDomain:
@@ -30,6 +31,7 @@ class TrainingData:
         if not cfg.data:
             raise PlelabError("no training data: set data = \"DIR\" (a folder from `plelab data prepare`)")
         self.device = device
+        self.pin_memory = cfg.pin_memory
         tok_sha = Tokenizer.load(cfg.tokenizer).sha256 if cfg.tokenizer else None
         self.dataset = TokenDataset(cfg.data, "train", vocab_size=cfg.model.vocab_size, tokenizer_sha256=tok_sha)
         self.tokenizer_path = Path(cfg.tokenizer) if cfg.tokenizer else self.dataset.tokenizer_path
@@ -52,7 +54,7 @@ class TrainingData:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (x, y) batch, on the training device."""
         x, y = self.loader.next_batch()
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return host_to_device(x, self.device, self.pin_memory), host_to_device(y, self.device, self.pin_memory)
 
     def state_dict(self) -> dict[str, Any]:
         """Loader position."""

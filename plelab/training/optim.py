@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,6 +84,7 @@ class Optimizer:
         self.dense = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=betas, **kwargs)
         self.sparse = torch.optim.SparseAdam(sparse, lr=cfg.lr, betas=betas) if sparse else None
         self.optimizers = [o for o in (self.dense, self.sparse) if o is not None]
+        self.names = {id(p): name for name, p in model.named_parameters()}
 
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of every group."""
@@ -106,9 +108,64 @@ class Optimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
+        if "named" in state:  # written by a sharded (multi-rank) checkpoint
+            self.load_named_state(state["named"])
+            return
         self.dense.load_state_dict(state["dense"])
         if self.sparse is not None and state.get("sparse") is not None:
             self.sparse.load_state_dict(state["sparse"])
+
+    def named_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Per-parameter state by parameter name: {name: {exp_avg, exp_avg_sq, step (0-dim tensor)}}.
+
+        The form sharded checkpoints store (independent of group layout and world size)."""
+        out = {}
+        for opt in self.optimizers:
+            for p, st in opt.state.items():
+                if st:
+                    step = st["step"]
+                    out[self.names[id(p)]] = {"exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
+                                              "step": step if torch.is_tensor(step) else torch.tensor(float(step))}
+        return out
+
+    def named_params(self) -> dict[str, torch.Tensor]:
+        """Every parameter this optimizer updates, by name."""
+        return {self.names[id(p)]: p for opt in self.optimizers for g in opt.param_groups for p in g["params"]}
+
+    def load_named_state(self, named: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Restore what `named_state` returned (tensors already shaped like this optimizer's parameters)."""
+        for opt in self.optimizers:
+            sparse = opt is self.sparse
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    st = named.get(self.names[id(p)])
+                    if st is None:
+                        continue
+                    step = st["step"].detach().clone().float()
+                    opt.state[p] = {
+                        "step": int(step.item()) if sparse else step,
+                        "exp_avg": st["exp_avg"].detach().to(p.device).clone(),
+                        "exp_avg_sq": st["exp_avg_sq"].detach().to(p.device).clone(),
+                    }
+
+    def named_from_state_dict(self, state: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
+        """A `state_dict()` of a single-process Optimizer over the same parameter names, in `named_state` form."""
+        if "named" in state:
+            return state["named"]
+        out = {}
+        for key, opt in (("dense", self.dense), ("sparse", self.sparse)):
+            saved = state.get(key)
+            if opt is None or saved is None:
+                continue
+            order = [p for g in opt.param_groups for p in g["params"]]
+            saved_order = [i for g in saved["param_groups"] for i in g["params"]]
+            for p, idx in zip(order, saved_order, strict=True):
+                st = saved["state"].get(idx)
+                if st:
+                    step = st["step"]
+                    out[self.names[id(p)]] = {"exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"],
+                                              "step": step if torch.is_tensor(step) else torch.tensor(float(step))}
+        return out
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -121,14 +178,36 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float) -> float:
-    """Global L2 norm over dense and sparse gradients; scale them down to max_norm when above it."""
+def _sq_sum(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squares of (local parts of) dense and sparse gradients, on the device."""
+    def local(g: torch.Tensor) -> torch.Tensor:
+        g = g.to_local() if hasattr(g, "to_local") else g  # a DTensor's own shard
+        return (g.coalesce().values() if g.is_sparse else g).detach().float()
+    return torch.stack([local(g).pow(2).sum() for g in grads]).sum()
+
+
+def grad_norm_and_clip(
+    params: list[torch.Tensor], max_norm: float, sharded: Callable[[torch.Tensor], bool] | None = None
+) -> float:
+    """Global L2 norm over dense and sparse gradients; scale them down to max_norm when above it.
+
+    sharded: on several ranks, tells which parameters hold only this rank's part (sharded table, FSDP); their
+    squares are summed over ranks, the others (replicated, already averaged) count once."""
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    if not grads and sharded is None:
         return 0.0
-    # Sum on the device and synchronise once (one .item() per step, not one per tensor).
-    sq = torch.stack([(g.coalesce().values() if g.is_sparse else g).detach().float().pow(2).sum() for g in grads])
-    norm = float(sq.sum().sqrt())
+    if sharded is None:
+        # Sum on the device and synchronise once (one .item() per step, not one per tensor).
+        sq = torch.stack([(g.coalesce().values() if g.is_sparse else g).detach().float().pow(2).sum() for g in grads])
+        norm = float(sq.sum().sqrt())
+    else:
+        import torch.distributed as dist
+
+        own = [p.grad for p in params if p.grad is not None and sharded(p)]
+        rep = [p.grad for p in params if p.grad is not None and not sharded(p)]
+        part = _sq_sum(own) if own else torch.zeros((), device=grads[0].device if grads else "cpu")
+        dist.all_reduce(part)  # every rank calls it, also with no gradient of its own
+        norm = float((part + (_sq_sum(rep) if rep else 0.0)).sqrt())
     if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for g in grads:

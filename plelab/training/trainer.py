@@ -3,11 +3,14 @@
 The loop computes steps and owns the state a checkpoint must hold; everything else (speed/MFU, console
 progress, evaluation, checkpoint cadence, TensorBoard, W&B, PLE diagnostics) is a callback, built from the
 config by `plelab.training.callback_factory.callbacks_for`. The run directory is locked, checked and
-cleaned by `plelab.training.run_dir`.
+cleaned by `plelab.training.run_dir`. Under torchrun every rank runs this loop; `plelab.parallel.engine.Parallel`
+shards the PLE table, wraps the model in DDP / FSDP2 and writes sharded checkpoints, and rank 0 alone writes
+the run directory's files (one process: Parallel does nothing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -19,18 +22,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from plelab.inference.device import autocast_context, pick_device
+from plelab.data.loader import BatchLoader
+from plelab.inference.device import choose_precision, fused_adamw, pick_device
 from plelab.model.transformer import LanguageModel
+from plelab.parallel.engine import Parallel
+from plelab.parallel.group import PeerLost, is_peer_failure, peer_failure_text
 from plelab.training import run_dir as rd
 from plelab.training.callback_factory import callbacks_for
 from plelab.training.callbacks import Callback, TrainingStopped, unique_names
 from plelab.training.checkpoint import (
     CheckpointError,
+    atomic_write_bytes,
     load_training_state,
     newest_verified_checkpoint,
     read_checkpoint_json,
     read_weights,
     remove_leftovers,
+    save_checkpoint,
 )
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.training.data_access import TrainingData
@@ -77,9 +85,14 @@ class Trainer:
     ):
         self.config = cfg
         self.run_dir = check_output_path(run_dir, is_dir=True, overwrite=True)
-        self.quiet = quiet
-        self.device = pick_device(cfg.device)
-        self.callbacks = [*callbacks_for(cfg, note=self.log_line), *(callbacks or [])]
+        self.parallel = Parallel(cfg, pick_device(cfg.device))
+        self.world = self.parallel.world
+        self.quiet = quiet or not self.world.is_main  # rank 0 alone prints, logs and writes run-dir files
+        self.device = self.parallel.device
+        self.precision = choose_precision(self.device, cfg.dtype)
+        # TensorBoard / W&B write from rank 0 only (metrics and progress are gated in log_metrics / log_line).
+        logged = cfg if self.world.is_main else dataclasses.replace(cfg, tensorboard=False, wandb=False)
+        self.callbacks = [*callbacks_for(logged, note=self.log_line), *(callbacks or [])]
         self.checkpointer = next(cb for cb in self.callbacks if isinstance(cb, Checkpointer))
         self.total_steps = cfg.max_steps
         self.step = 0
@@ -91,23 +104,31 @@ class Trainer:
         self.metrics_path = self.run_dir / rd.METRICS_FILE
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock: rd.RunLock | None = rd.RunLock(self.run_dir)
+        self._lock: rd.RunLock | None = self.parallel.on_main(lambda: rd.RunLock(self.run_dir))
         try:
-            removed = remove_leftovers(self.run_dir / "checkpoints")  # safe: we hold the lock
+            # safe: we hold the lock
+            removed = self.parallel.on_main(lambda: remove_leftovers(self.run_dir / "checkpoints")) or []
             if removed:
                 self.log_line(f"removed {len(removed)} leftover(s) of an interrupted run: "
                               + ", ".join(p.name for p in removed))
             self.data = TrainingData(cfg, self.device)
+            if self.world.distributed:  # this rank's share of every global batch
+                self.data.loader = BatchLoader(self.data.dataset, cfg.batch_size // self.world.size, cfg.context,
+                                               seed=cfg.seed, rank=self.world.rank, world_size=self.world.size)
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
             self.model = LanguageModel(model_config_for(cfg), device=self.device)
-            self.optimizer = Optimizer(self.model, cfg)
+            # The module a step calls: the model itself, or DDP / FSDP2 over it with the PLE table sharded.
+            self.train_model = self.parallel.wrap(self.model, bf16=self.precision.name == "bf16")
+            self.optimizer = Optimizer(self.model, cfg, fused=fused_adamw(self.device))
+            if cfg.compile:
+                self.model.compile()  # in place: parameter names (checkpoints) unchanged
             self.params = [p for p in self.model.parameters() if p.requires_grad]
             if resume:
                 self._resume()
             else:
-                self._start_fresh(overwrite)
+                self.parallel.on_main(lambda: self._start_fresh(overwrite))
         except BaseException:
             self.close()
             raise
@@ -118,6 +139,12 @@ class Trainer:
             self._lock.release()
             self._lock = None
 
+    def _leave_group(self) -> None:
+        """After a run that ended the same way on every rank: drop model and optimizer, tear the group down."""
+        if self.world.distributed:
+            self.model = self.train_model = self.optimizer = self.params = None
+            self.parallel.close()
+
     # ----------------------------------------------------------------- set-up and resume
     def _start_fresh(self, overwrite: bool = False) -> None:
         config = train_config_dict(self.config)
@@ -127,6 +154,20 @@ class Trainer:
 
     def _resume(self) -> None:
         config = train_config_dict(self.config)
+        found = self.parallel.broadcast(self.parallel.on_main(lambda: self._resume_point(config)))
+        if found is None:
+            return
+        ckpt, changes = found
+        if self.world.distributed:
+            state = self.parallel.load(ckpt, self.model, self.optimizer)
+        else:
+            state = load_training_state(ckpt)
+            self.model.load_state_dict(read_weights(ckpt, self.model, self.device))
+        self.load_state_dict(state)
+        self.parallel.on_main(lambda: self._record_resume(ckpt, config, changes))
+
+    def _resume_point(self, config: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
+        """(newest intact checkpoint, recorded config changes), or None for a run that has none yet."""
         try:
             ckpt, skipped = newest_verified_checkpoint(self.run_dir)
         except CheckpointError:
@@ -137,14 +178,13 @@ class Trainer:
             self.log_line(f"no checkpoint in {self.run_dir} yet; starting at step 0")
             rd.record_config(self.run_dir, config, 0, {})
             self.metrics_path.write_text("")
-            return
+            return None
         for note in skipped:
             self.log_line(note)
         saved = read_checkpoint_json(ckpt / "config.json").get("train") or {}
-        changes = rd.resume_changes(saved, config)
-        state = load_training_state(ckpt)
-        self.model.load_state_dict(read_weights(ckpt, self.model, self.device))
-        self.load_state_dict(state)
+        return ckpt, rd.resume_changes(saved, config)
+
+    def _record_resume(self, ckpt: Path, config: dict[str, Any], changes: dict[str, Any]) -> None:
         rd.record_config(self.run_dir, config, self.step, changes)
         self._truncate_metrics(self.step)
         changed = "".join(f"; {k} {v['old']!r} -> {v['new']!r}" for k, v in changes.items())
@@ -181,7 +221,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned; callbacks absent from the checkpoint keep their fresh state."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("optimizer") is not None:  # None: a sharded checkpoint, loaded by Parallel.load
+            self.optimizer.load_state_dict(state["optimizer"])
         self.data.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.step = state["step"]
@@ -201,7 +242,9 @@ class Trainer:
             print(text, flush=True)
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
-        """Append one JSON object to metrics.jsonl."""
+        """Append one JSON object to metrics.jsonl (rank 0 only)."""
+        if not self.world.is_main:
+            return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
 
@@ -213,6 +256,16 @@ class Trainer:
     def save(self) -> Path:
         """Write a checkpoint of the current step now (the Checkpointer callback does it on its cadence)."""
         return self.checkpointer.save(self)
+
+    def write_checkpoint(self, path: Path) -> Path:
+        """Write a complete checkpoint of this step at `path` and point LATEST at it (every rank calls it)."""
+        args = (train_config_dict(self.config), self.state_dict(), self.data.tokenizer_path)
+        if self.world.distributed:
+            self.parallel.save(path, self.model, self.optimizer, *args)
+        else:
+            save_checkpoint(path, self.model, *args)
+        self.parallel.on_main(lambda: atomic_write_bytes(path.parent / "LATEST", path.name.encode()))
+        return path
 
     def evaluate(self, max_tokens: int | None = None) -> dict[str, Any] | None:
         """Evaluate now on the run's evaluation data (None when there is none)."""
@@ -230,18 +283,21 @@ class Trainer:
         self.optimizer.set_lr(lr)
         self.model.train()
         total = 0.0
-        for _ in range(cfg.grad_accum):
+        for i in range(cfg.grad_accum):
             x, y = self.data.next_batch()
-            with autocast_context(self.device, cfg.dtype):
-                _, loss = self.model(x, y, return_logits=False)
-            (loss / cfg.grad_accum).backward()
+            with self.parallel.grad_sync(last=i == cfg.grad_accum - 1):
+                with self.precision.autocast(self.device):
+                    _, loss = self.train_model(x, y, return_logits=False)
+                (loss / cfg.grad_accum).backward()
             total += float(loss.detach()) / cfg.grad_accum
-        metrics: dict[str, Any] = {"step": self.step + 1, "loss": total, "lr": lr}
+        total = self.parallel.mean(total)
+        metrics: dict[str, Any] = {"step": self.step + 1, "loss": total, "lr": lr, "dtype": self.precision.name}
         if not math.isfinite(total):
             self.optimizer.zero_grad()
             return None
         self.dispatch("on_after_backward", metrics)
-        gnorm = grad_norm_and_clip(self.params, cfg.grad_clip)
+        sharded = self.parallel.sharded if self.world.distributed else None
+        gnorm = grad_norm_and_clip(self.params, cfg.grad_clip, sharded)
         if not math.isfinite(gnorm):
             self.optimizer.zero_grad()
             return None
@@ -268,6 +324,12 @@ class Trainer:
         old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         last: dict[str, Any] = {}
         try:
+            self.log_line(f"precision: {self.precision}")
+            if self.world.distributed:
+                self.log_line(f"{self.world.size} ranks, parallel = {cfg.parallel}: PLE table split by vocabulary, "
+                              f"{cfg.batch_size // self.world.size} of each step's {cfg.batch_size} sequences per rank")
+            elif cfg.parallel != "none":
+                self.log_line(f"parallel = {cfg.parallel} but not started by torchrun: training in one process")
             self.dispatch("on_train_start")
             while self.step < cfg.max_steps:
                 t0 = time.perf_counter()
@@ -283,7 +345,7 @@ class Trainer:
                     self.log_metrics(metrics)
                     self.dispatch("on_step_logged", metrics)
                     last = metrics
-                if self._stop_signal is not None:
+                if self.parallel.any_rank(self._stop_signal is not None):  # every rank saves, or none
                     self.save()
                     raise KeyboardInterrupt
             if self.bad_steps:
@@ -296,9 +358,16 @@ class Trainer:
         except KeyboardInterrupt:
             self.log_line(f"interrupted at step {self.step}; checkpoint saved, continue with --resume")
             raise
+        except Exception as exc:
+            if self.world.distributed and is_peer_failure(exc):
+                raise PeerLost(f"rank {self.world.rank}: another rank died or stopped responding at step "
+                               f"{self.step} ({peer_failure_text(exc)}); {existing_checkpoints(self.run_dir)}; "
+                               "continue with --resume") from exc
+            raise
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
             self.close()
+        self._leave_group()
         last["final_eval"] = self.last_eval
         return last

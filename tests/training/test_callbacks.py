@@ -69,3 +69,14 @@ def test_the_mfu_peak_is_measured_once_per_run(setup, monkeypatch):
     assert len(calls) == 1
     line = (setup / "run" / "metrics.jsonl").read_text().splitlines()[0]
     assert '"mfu"' in line
+
+
+@pytest.mark.parametrize("dtype, want", [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_the_mfu_peak_is_measured_in_the_precision_the_run_computes_in(setup, monkeypatch, dtype, want):
+    import plelab.training.standard_callbacks as standard
+
+    calls = []
+    monkeypatch.setattr(standard, "measure_matmul_peak", lambda **kw: calls.append(kw) or 1e9)
+    cfg = load_train_config(write_config(setup, max_steps=2, log_every=1, dtype=dtype))
+    Trainer(cfg, setup / "run").run()
+    assert str(calls[0]["dtype"]).endswith(want)
