@@ -17,10 +17,17 @@ def add_parser(sub) -> None:
         "Diagnose a run's PLE: per-layer injection ratio, gates, table health against random baselines, "
         "ablation losses, and an alive / weak / dead verdict with the rule behind it.",
         "plelab diagnose runs/small-ple --data data/prepared --json\n"
-        "  plelab diagnose runs/small-ple/checkpoints/step_00002000 --data ../shared/data/valid",
+        "  plelab diagnose runs/small-ple/checkpoints/step_00002000 --data ../shared/data/valid\n"
+        "  plelab diagnose --hf ~/models/gemma-3n-E2B-it --data ../shared/data/valid --layers 0,10,20",
         run,
     )
-    p.add_argument("checkpoint", help="run directory (newest checkpoint) or checkpoint directory")
+    p.add_argument("checkpoint", nargs="?", help="run directory (newest checkpoint) or checkpoint directory")
+    p.add_argument("--hf", metavar="PATH", help="a local Hugging Face Gemma 3n / Gemma 4 folder instead "
+                   "(config.json + safetensors + tokenizer.json; needs transformers; the PLE table stays on disk)")
+    p.add_argument("--layers", type=_layer_list, help="with --hf: decoder layers to diagnose, e.g. 0,5,10 "
+                   "(default all; each costs 3 ablation passes over the batches)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="with --hf: dtype of the in-memory model (default float32; bfloat16 halves its RAM)")
     p.add_argument("--data", help="prepared dataset folder, folder of domain .txt files, or a .npy token array; "
                    "without it only injection/gate statistics on random tokens (no ablation)")
     p.add_argument("--batches", type=options.positive_int, default=8,
@@ -33,6 +40,19 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=options.nonneg_int, default=0, help="seed of the batch windows")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--early", action="store_true",
+                   help="predict the final verdict from the run's logged trajectory (RUN_DIR/metrics.jsonl) by the "
+                        "dead-zone-law study's early rule, with its measured accuracy; loads no model")
+
+
+def _layer_list(text: str) -> list[int]:
+    try:
+        layers = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices, got {text!r}") from None
+    if not layers or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative layer indices, got {text!r}")
+    return layers
 
 
 def _run_dir_of(ckpt: Path) -> Path | None:
@@ -55,6 +75,16 @@ def _monitor_summaries(run_dir: Path | None) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint, gather data, diagnose, print."""
+    if args.early:
+        return run_early(args)
+    from plelab.errors import PlelabError
+
+    if (args.hf is None) == (args.checkpoint is None):
+        raise PlelabError("give either a run/checkpoint directory or --hf PATH (a Hugging Face folder)")
+    if args.hf is not None:
+        return run_hf(args)
+    if args.layers is not None:
+        raise PlelabError("--layers applies to --hf checkpoints only")
     from plelab.diagnostics.batches import batches_from_tokens
     from plelab.diagnostics.data_sources import load_diagnostic_data
     from plelab.diagnostics.diagnose import diagnose_model
@@ -87,6 +117,64 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_hf(args: argparse.Namespace) -> int:
+    """`--hf PATH`: the same diagnosis for a Gemma 3n / Gemma 4 checkpoint, with per-domain deltas."""
+    import torch
+
+    from plelab.diagnostics.hf_diagnose import diagnose_hf, hf_eval_batches
+    from plelab.diagnostics.table_health import DEFAULT_TOP_K
+    from plelab.errors import PlelabError
+    from plelab.hf.checkpoint import HFCheckpoint
+    from plelab.hf.model import load_text_model
+    from plelab.inference.device import pick_device
+    from plelab.training.evaluate import check_seq_len
+
+    ckpt = HFCheckpoint.open(args.hf)
+    if args.layers is not None and max(args.layers) >= ckpt.num_layers:  # before loading gigabytes
+        raise PlelabError(f"--layers: {args.hf} has layers 0..{ckpt.num_layers - 1}, got {max(args.layers)}")
+    context = ckpt.text_config.get("max_position_embeddings") or 256
+    seq_len = check_seq_len(args.seq_len or min(256, context), context)
+    model = load_text_model(ckpt, getattr(torch, args.dtype))
+    model.lm.to(pick_device(args.device))
+    kwargs: dict = {"layers": args.layers, "top_k": args.top_k or DEFAULT_TOP_K}
+    data_desc = None
+    if args.data:
+        batches, domains, tokens, data_desc = hf_eval_batches(args.data, model, args.batch_size, seq_len,
+                                                              args.batches, args.seed)
+        kwargs.update(batches=batches, domains=domains, token_ids=tokens, freq_source="the evaluation batches")
+    report = {"checkpoint": str(ckpt.path), "run_dir": None, **diagnose_hf(model, **kwargs)}
+    report.setdefault("data", {})["source"] = data_desc
+    if args.json:
+        print_json(report)
+    else:
+        print(format_report(report))
+    return 0
+
+
+def run_early(args: argparse.Namespace) -> int:
+    """`--early`: the study's early rule (plelab/experiments/deadzone_law.json) on a run's logged signals."""
+    from plelab.diagnostics.early import format_prediction, predict_run
+    from plelab.errors import PlelabError
+    from plelab.experiments.law import load_law
+    from plelab.experiments.sweep_runner import read_metrics
+
+    run_dir = Path(args.checkpoint or "")
+    config = run_dir / "config.json"
+    if not args.checkpoint or not (run_dir / "metrics.jsonl").is_file() or not config.is_file():
+        raise PlelabError(f"--early wants a run directory with metrics.jsonl and config.json, got {run_dir}")
+    try:
+        total = int(json.loads(config.read_text(encoding="utf-8"))["max_steps"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise PlelabError(f"{config}: no readable max_steps ({exc})") from None
+    metrics, _ = read_metrics(run_dir)
+    report = predict_run(metrics, total, (load_law() or {}).get("early_rule"))
+    if args.json:
+        print_json(report)
+    else:
+        print(format_prediction(report))
+    return 0
+
+
 def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -115,6 +203,9 @@ def format_report(r: dict) -> str:
         lines.append(f"loss with PLE {o['loss_full']:.4f}; all PLE off: delta {o['ablation_delta_loss']:+.4f} "
                      f"(zero {o['ablation_delta_loss_zero']:+.4f}, shuffle {o['ablation_delta_loss_shuffle']:+.4f}, "
                      f"table {o['ablation_delta_loss_table']:+.4f}), noise {o['noise']:.4f}")
+    for name, d in r.get("domains", {}).items():
+        lines.append(f"  domain {name:<18} loss {d['loss_full']:.4f}  all PLE off: delta {d['delta']:+.4f} "
+                     f"({d['primary_mode']}), noise {d['noise']:.4f} -> {d['verdict']}")
     header = (f"{'layer':>5} {'verdict':<7} {'inj.ratio':>9} {'|gate|':>7} {'gate~0':>7} {'dL zero':>8} "
               f"{'dL shuf':>8} {'dL table':>8} {'dL':>8} {'noise':>7}  {'frequent: erank/rand PC1/rand cos':<34} "
               f"{'delta: erank/rand PC1/rand cos'}")

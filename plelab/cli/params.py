@@ -36,6 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("model", help=f"preset ({', '.join(PRESETS)}) or a TOML/YAML/JSON model config file")
     p.add_argument("--ple-dim", type=options.nonneg_int, help="set dP (PLE width) before counting")
     p.add_argument("--sweep-ple", metavar="D1,D2,...", help="print the seed-style table over these dP values")
+    p.add_argument("--suggest-ple", action="store_true",
+                   help="print the dP range the dead-zone law predicts for this hidden size, with its evidence")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_set_flag(p)
 
@@ -50,11 +52,24 @@ def _parse_dims(text: str) -> list[int]:
     return dims
 
 
+def _suggest(model: str, hidden: int, as_json: bool) -> int:
+    from plelab.experiments.law import format_suggestion, load_law, suggest
+
+    advice = suggest(hidden, load_law())
+    if as_json:
+        print_json({"model": model, **advice})
+    else:
+        print(f"{model}: H = {hidden}\n{format_suggestion(advice)}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the breakdown (or the dP sweep table)."""
     cfg = load_model_config(args.model, args.overrides)
     if args.ple_dim is not None:
         cfg = with_ple_dim(cfg, args.ple_dim)
+    if args.suggest_ple:
+        return _suggest(args.model, cfg.hidden_size, args.json)
     if args.sweep_ple:
         rows = sweep_ple(cfg, _parse_dims(args.sweep_ple))
         if args.json:

@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
         "dead-zone / transition / diminishing-returns steps, per-domain table, early vs final PLE verdicts, plots; "
         "writes DIR/report.html (self-contained) and DIR/report.md.",
         "plelab report runs/deadzone-small\n"
-        "  plelab report runs/deadzone-small --out docs/deadzone-study --json",
+        "  plelab report runs/deadzone-small --out docs/deadzone-study --json\n"
+        "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)",
         run,
     )
     p.add_argument("dir", help="sweep folder (holds sweep.sqlite)")
@@ -24,10 +25,30 @@ def add_parser(sub) -> None:
                                  "is replaced); existing report files elsewhere need --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace report files that already exist in --out")
     p.add_argument("--json", action="store_true", help="print the analysis (tables, steps, verdicts) as JSON")
+    p.add_argument("--law", action="store_true",
+                   help="the dead-zone law over DIR's sweep folders (one per width/form): paired deltas, threshold "
+                        "brackets, dP*/H fit, prediction and its outcome, early rule; writes law.md/html/json")
+    p.add_argument("--predict", metavar="H1,H2", type=_widths,
+                   help="with --law: fit on the other widths and freeze the prediction for these in "
+                        "DIR/prediction.json (written once, never overwritten)")
+
+
+def _widths(text: str) -> list[int]:
+    try:
+        widths = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated hidden sizes, got {text!r}") from None
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"expected hidden sizes >= 1, got {text!r}")
+    return widths
 
 
 def run(args: argparse.Namespace) -> int:
     """Analyse, plot, write."""
+    if args.law or args.predict:
+        from plelab.experiments.law_report import run_law_report
+
+        return run_law_report(args.dir, args.out, predict=args.predict, overwrite=args.overwrite, as_json=args.json)
     from plelab.experiments.analysis import analyze_sweep
     from plelab.experiments.report import write_report
     from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE

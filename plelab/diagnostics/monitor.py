@@ -1,7 +1,9 @@
 """`PLEMonitor`: the trainer callback that watches PLE while it trains and warns early if it is dead.
 
 Every `every` steps it adds per-layer injection ratio, gate statistics and gradient-norm ratios to the
-step's metrics (so they land in RUN_DIR/metrics.jsonl). At `early_step` (default 10 % of training) it runs
+step's metrics (so they land in RUN_DIR/metrics.jsonl), with the table's movement from its initialisation and
+an all-layers zero ablation on a few evaluation batches: the early predictor's candidate signals
+(plelab.diagnostics.early). At `early_step` (default 10 % of training) it runs
 the full diagnosis and stores RUN_DIR/diagnostics/early.json; at the end it runs it again and writes
 RUN_DIR/diagnostics/final.json, including whether the early verdicts matched the final ones.
 The table at initialisation goes to RUN_DIR/diagnostics/table_init.npy once (not into checkpoint state),
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -20,12 +23,13 @@ import numpy as np
 import torch
 
 from plelab.diagnostics import verdict as V
+from plelab.diagnostics.ablation import batch_losses, ple_ablated
 from plelab.diagnostics.batches import batches_from_tokens, random_batches
 from plelab.diagnostics.data_sources import FREQ_MAX_TOKENS
 from plelab.diagnostics.diagnose import diagnose_model, jsonable
 from plelab.diagnostics.grads import grad_norm_ratios
 from plelab.diagnostics.injection import probe_layers
-from plelab.diagnostics.model_parts import ple_layers, ple_table, unwrap
+from plelab.diagnostics.model_parts import as_batches, model_device, ple_layers, ple_table, unwrap
 from plelab.diagnostics.table_health import DEFAULT_TOP_K
 from plelab.training.callbacks import Callback
 from plelab.training.checkpoint import atomic_write_bytes
@@ -34,6 +38,8 @@ INIT_TABLE_FILE = "table_init.npy"
 """Under RUN_DIR/diagnostics/: the PLE table as it was before the first step."""
 EARLY_FRACTION = 0.1
 """Default early-warning point, as a fraction of trainer.total_steps."""
+MOVEMENT_CHUNK_ROWS = 65536
+"""Table rows compared at a time for the logged table movement."""
 
 
 def init_table_path(run_dir: str | Path) -> Path:
@@ -93,6 +99,7 @@ class PLEMonitor(Callback):
         probe_rows: int = 8,
         token_ids: np.ndarray | None = None,
         top_k: int = DEFAULT_TOP_K,
+        cadence_ablation_batches: int = 2,
     ):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
@@ -107,6 +114,8 @@ class PLEMonitor(Callback):
         self.probe_rows = probe_rows
         self.token_ids = token_ids
         self.top_k = top_k
+        self.cadence_ablation_batches = cadence_ablation_batches
+        self._init_table: np.ndarray | None = None
         self.freq_source = "the given token ids"
         self.early: dict | None = None
         self.notes: list[str] = []
@@ -252,6 +261,8 @@ class PLEMonitor(Callback):
             found[f"ple/gate_zero_frac/layer{i}"] = stats["gate_near_zero_frac"]
         if probe:
             found["ple/injection_ratio/mean"] = float(np.mean([s["injection_ratio"] for s in probe.values()]))
+        found["ple/table_movement"] = self._table_movement(model)
+        found["ple/ablation_delta"] = self._cadence_ablation(model)
         if self._grads is not None:
             found["ple/grad_ratio_table"] = self._grads.get("table")
             for i, parts in self._grads["layers"].items():
@@ -259,6 +270,39 @@ class PLEMonitor(Callback):
                     found[f"ple/grad_ratio_{part}/layer{i}"] = ratio
         # metrics.jsonl must stay valid JSON: NaN/inf (e.g. a zero trunk gradient) become null.
         metrics.update(jsonable(found))
+
+    def _table_movement(self, model: torch.nn.Module) -> float | None:
+        """|table - table at init| / |table at init| (Frobenius); None without the initial table.
+
+        The initial table stays memory-mapped and is read in row chunks: a second in-memory copy of a
+        billion-entry table is not worth one logged number.
+        """
+        if self._init_table is None:
+            self._init_table, _ = load_init_table(self.diag_dir.parent)
+            if self._init_table is None:
+                return None
+        table = ple_table(model).detach()
+        moved, size = 0.0, 0.0
+        for start in range(0, len(self._init_table), MOVEMENT_CHUNK_ROWS):
+            init = torch.from_numpy(np.array(self._init_table[start:start + MOVEMENT_CHUNK_ROWS], dtype=np.float32))
+            now = table[start:start + MOVEMENT_CHUNK_ROWS].float().cpu()
+            moved += (now - init).pow(2).sum().item()
+            size += init.pow(2).sum().item()
+        return math.sqrt(moved / size) if size > 0 else None
+
+    def _cadence_ablation(self, model: torch.nn.Module) -> float | None:
+        """Loss with every PLE layer zeroed minus loss with PLE, on the first few evaluation batches (fixed)."""
+        batches = [b for b in self._eval_batches()[: self.cadence_ablation_batches] if isinstance(b, (tuple, list))]
+        batches = [(x, y) for x, y in as_batches(batches, model_device(model)) if y is not None]
+        if not batches:
+            return None
+        full = batch_losses(model, batches)
+        with ple_ablated(model, ple_layers(model), "zero"):
+            ablated = batch_losses(model, batches)
+        tokens = sum(n for _, n in full)
+        if not tokens:
+            return None
+        return (sum(a * n for (a, n) in ablated) - sum(f * n for (f, n) in full)) / tokens
 
     def _diagnose(self, model: torch.nn.Module) -> dict:
         batches = self._eval_batches()

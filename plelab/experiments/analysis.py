@@ -17,6 +17,8 @@ from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
 
+HELDOUT_DOMAIN = "val"
+"""The evaluation domain holding the prepared data's held-out split (training/data_access.split_as_domain)."""
 DIM_KEY = "model.ple.dim"
 SEED_KEY = "seed"
 NOISE_SIGMAS = 2.0
@@ -82,6 +84,34 @@ def seed_table(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         row["delta_se"] = se_diff(row["loss_std"], row["n"], ref["loss_std"], ref["n"]) if row is not ref else 0.0
         row["significant"] = _significant(row["delta"], row["delta_se"]) if row is not ref else False
     return rows
+
+
+def paired_table(points: Iterable[dict[str, Any]], key: str = "loss") -> list[dict[str, Any]]:
+    """Rows per dP > 0: the paired delta = point[key](dP) - point[key](dP=0) of the same seed, mean +- s.e. over seeds.
+
+    Pairing removes what the seeds share (trunk init, data order), so the s.e. is that of the per-seed deltas,
+    std/sqrt(n); seeds without a dP = 0 run (or without the value) are left out and counted in `unpaired`.
+    """
+    by_dim: dict[int, dict[Any, float]] = {}
+    for p in points:
+        value = p.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            by_dim.setdefault(int(p["ple_dim"]), {})[p.get("seed")] = float(value)
+    base = by_dim.get(0, {})
+    rows = []
+    for dim in sorted(d for d in by_dim if d > 0):
+        deltas = {s: v - base[s] for s, v in by_dim[dim].items() if s in base}
+        mean, std = mean_std(list(deltas.values()))
+        se = std / math.sqrt(len(deltas)) if len(deltas) > 1 else math.nan
+        rows.append({"ple_dim": dim, "n": len(deltas), "seeds": sorted(deltas), "deltas": [deltas[s] for s in
+                     sorted(deltas)], "delta_mean": mean, "delta_se": se,
+                     "unpaired": len(by_dim[dim]) - len(deltas), "gain_significant": _gain(mean, se)})
+    return rows
+
+
+def _gain(delta: float, se: float) -> bool | None:
+    """Is a paired delta a significant gain (delta < -NOISE_SIGMAS s.e.)? None without a s.e."""
+    return None if not math.isfinite(se) else delta < -NOISE_SIGMAS * se
 
 
 def _significant(delta: float, noise: float) -> bool | None:
@@ -223,6 +253,16 @@ def _point(run: dict[str, Any], folder: Path) -> dict[str, Any]:
             "diagnostics": summary.get("diagnostics") or {}}
 
 
+def with_eval_losses(point: dict[str, Any], domains: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The point plus 'heldout' (the held-out split's loss, None when not evaluated) and 'domains_macro'.
+
+    domains_macro is the macro loss over the other evaluation domains (the 16 of ../shared/data/valid).
+    """
+    held = (domains.get(HELDOUT_DOMAIN) or {}).get("loss")
+    others = _nums(d.get("loss") for name, d in domains.items() if name != HELDOUT_DOMAIN)
+    return {**point, "heldout": held, "domains_macro": _mean(others)}
+
+
 def group_key(values: dict[str, Any]) -> str:
     """The grid values other than dP and seed, as one label ('' when dP and seed are the whole grid)."""
     return ",".join(f"{k}={json.dumps(v)}" for k, v in values.items() if k not in (DIM_KEY, SEED_KEY))
@@ -234,7 +274,8 @@ def analyze_group(points: list[dict[str, Any]], evals: dict[str, dict[str, dict[
     steps = classify_steps(table)
     return {"runs": points, "table": table, "reference_dim": table[0]["ple_dim"] if table else None,
             "steps": steps, "conclusion": conclusion(steps, table),
-            "domains": domain_table(points, evals) if points else {}, "verdicts": verdict_table(points, table)}
+            "domains": domain_table(points, evals) if points else {}, "verdicts": verdict_table(points, table),
+            "paired": {key: paired_table(points, key) for key in ("loss", "heldout")}}
 
 
 def analyze_sweep(folder: str | Path) -> dict[str, Any]:
@@ -244,7 +285,7 @@ def analyze_sweep(folder: str | Path) -> dict[str, Any]:
         raise PlelabError(f"{folder} has no {DB_FILE}; run `plelab sweep SWEEP_FILE` first (or give its folder)")
     with SweepStore(folder / DB_FILE) as store:
         meta, runs, evals = store.meta(), store.runs(), store.evals()
-    done = [_point(r, folder) for r in runs if r["status"] == "done"]
+    done = [with_eval_losses(_point(r, folder), evals.get(r["name"], {})) for r in runs if r["status"] == "done"]
     groups: dict[str, list[dict[str, Any]]] = {}
     for p in done:
         groups.setdefault(group_key(p["values"]), []).append(p)

@@ -87,6 +87,20 @@ def seed_table_blocks(g: dict[str, Any]) -> list[Block]:
     ]
 
 
+def paired_blocks(g: dict[str, Any]) -> list[Block]:
+    """Paired deltas: each seed's dP run against the same seed's dP = 0 run (same trunk init and data order)."""
+    paired = g.get("paired") or {}
+    out: list[Block] = []
+    for key, label in (("heldout", "held-out split"), ("loss", "macro over the evaluation domains")):
+        rows = [[str(r["ple_dim"]), str(r["n"]), f"{fmt(r['delta_mean'], '+.4f')} ± {fmt(r['delta_se'])}",
+                 {True: "yes", False: "no", None: "?"}[r["gain_significant"]]] for r in paired.get(key) or []]
+        if rows:
+            out += [("h", 2, f"Paired Δ vs dP=0, same seed ({label})"),
+                    ("table", ["dP", "seed pairs", "Δ (mean ± s.e. of the per-seed deltas)",
+                               f"gain beyond {NOISE_SIGMAS:g} s.e.?"], rows)]
+    return out
+
+
 def domain_blocks(g: dict[str, Any]) -> list[Block]:
     """Per-domain loss at the reference dP and the change at every other dP."""
     dom = g.get("domains") or {}
@@ -130,7 +144,7 @@ def verdict_blocks(g: dict[str, Any]) -> list[Block]:
 def group_blocks(g: dict[str, Any], figures: Sequence[tuple[str, str, bytes | None]]) -> list[Block]:
     """Everything about one group of runs (one per combination of grid values other than dP and seed)."""
     blocks: list[Block] = [("h", 1, f"Group {g['key']}")] if g["key"] else []
-    blocks += seed_table_blocks(g) + verdict_blocks(g) + domain_blocks(g)
+    blocks += seed_table_blocks(g) + paired_blocks(g) + verdict_blocks(g) + domain_blocks(g)
     blocks.append(("h", 2, "Plots"))
     blocks += [("img", stem, caption, png) for stem, caption, png in figures if png]
     return blocks

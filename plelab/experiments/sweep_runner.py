@@ -29,6 +29,7 @@ from plelab.errors import PlelabError
 from plelab.experiments.sweep import RESOLVED_FILE, Sweep, SweepPoint
 from plelab.experiments.sweep_store import SweepStore, config_diff
 from plelab.training.callbacks import Callback
+from plelab.training.config import TrainConfig, train_config_dict
 from plelab.util.fs import atomic_write_bytes, check_output_path, pid_alive
 
 RESULT_FILE = "result.json"
@@ -78,7 +79,10 @@ def changed_fields(point: SweepPoint, run_dir: Path, row: dict[str, Any] | None)
     """Dotted config keys where the point now differs from what its existing work was made with."""
     old = started_config(run_dir, row)
     # JSON round trip: the recorded config went through JSON (tuples became lists), compare like with like.
-    return [] if old is None else config_diff(old, json.loads(json.dumps(point.config_dict())))
+    if old is None:
+        return []
+    defaults = json.loads(json.dumps(train_config_dict(TrainConfig())))
+    return config_diff(old, json.loads(json.dumps(point.config_dict())), defaults)
 
 
 def _fields_text(fields: list[str], limit: int = 6) -> str:

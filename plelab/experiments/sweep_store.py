@@ -52,14 +52,21 @@ RESULT_COLUMNS = (
 )
 
 
-def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested config dicts."""
-    keys = sorted(set(old) | set(new))
+def config_diff(old: dict[str, Any], new: dict[str, Any], defaults: dict[str, Any] | None = None,
+                prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts.
+
+    A key the old config lacks (a field added to plelab after the run started) counts as unchanged when the new
+    value is that field's default in `defaults`: the old code behaved as the default does.
+    """
+    defaults = defaults or {}
     out = []
-    for k in keys:
-        a, b = old.get(k), new.get(k)
+    for k in sorted(set(old) | set(new)):
+        a, b, d = old.get(k), new.get(k), defaults.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += config_diff(a, b, f"{prefix}{k}.")
+            out += config_diff(a, b, d if isinstance(d, dict) else {}, f"{prefix}{k}.")
+        elif k not in old and k in defaults and b == d:
+            continue
         elif a != b:
             out.append(prefix + k)
     return out

@@ -97,3 +97,15 @@ def test_a_corrupt_database_is_one_line_and_left_untouched(tiny_data, capsys):
         assert err.count("\n") == 1 and "not a readable sweep database" in err, err
     assert db.read_bytes() == b"not a database, just some bytes" * 100
     assert not (db.parent / "sweep.json").exists()
+
+
+def test_a_field_added_after_the_run_started_counts_only_when_set_off_its_default():
+    from plelab.experiments.sweep_store import config_diff
+
+    defaults = {"lr": 1e-3, "model": {"kernels": "auto", "hidden_size": 64}}
+    old = {"lr": 1e-3, "model": {"hidden_size": 64}}  # written before `kernels` existed
+    assert config_diff(old, {"lr": 1e-3, "model": {"hidden_size": 64, "kernels": "auto"}}, defaults) == []
+    assert config_diff(old, {"lr": 1e-3, "model": {"hidden_size": 64, "kernels": "off"}}, defaults) == [
+        "model.kernels"]
+    assert config_diff(old, {"lr": 2e-3, "model": {"hidden_size": 64, "kernels": "auto"}}) == [
+        "lr", "model.kernels"]  # without defaults every new key counts

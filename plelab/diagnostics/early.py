@@ -1,0 +1,202 @@
+"""The early predictor: candidate PLE signals early in training, a threshold rule chosen on some runs, tested on others.
+
+Every candidate is read from the monitor's logged trajectory (RUN_DIR/metrics.jsonl) at a fraction of training,
+so a rule can be applied to a run while it trains, with no extra model evaluation. A rule is
+`signal at fraction f of training > threshold  ->  alive`, else not alive (weak or dead); it is chosen on the
+runs of some widths (best accuracy, then the earliest fraction, then the widest margin) and its accuracy is
+measured on a width it never saw: that accuracy, not the fit's, is what `plelab diagnose --early` quotes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+FRACTIONS = (0.05, 0.1, 0.15, 0.2)
+"""Where in training (fraction of the run's total steps) the candidates are read."""
+
+
+def _last(lines: Sequence[dict[str, Any]], key: str) -> float | None:
+    values = [m[key] for m in lines if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+    return float(values[-1]) if values else None
+
+
+def _layer_mean(lines: Sequence[dict[str, Any]], prefix: str) -> float | None:
+    """Mean over layers of the last logged `prefix/layerI` values."""
+    keys = sorted({k for m in lines for k in m if k.startswith(prefix + "/layer")})
+    values = [v for v in (_last(lines, k) for k in keys) if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _recovery(lines: Sequence[dict[str, Any]]) -> float | None:
+    """Injection ratio now / its minimum so far: > 1 once the ratio climbs out of its early trough."""
+    key = "ple/injection_ratio/mean"
+    values = [m[key] for m in lines if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+    if not values or min(values) <= 0:
+        return None
+    return values[-1] / min(values)
+
+
+SIGNALS: dict[str, tuple[str, Callable[[Sequence[dict[str, Any]]], float | None]]] = {
+    "injection_ratio": ("mean injection ratio |injection| / |h| over PLE layers",
+                        lambda lines: _last(lines, "ple/injection_ratio/mean")),
+    "injection_recovery": ("injection ratio divided by its minimum so far (the trough)", _recovery),
+    "grad_ratio_table": ("table gradient norm / trunk gradient norm",
+                         lambda lines: _last(lines, "ple/grad_ratio_table")),
+    "grad_ratio_gate": ("gate gradient norm / trunk gradient norm, mean over layers",
+                        lambda lines: _layer_mean(lines, "ple/grad_ratio_gate")),
+    "grad_ratio_proj": ("projection gradient norm / trunk gradient norm, mean over layers",
+                        lambda lines: _layer_mean(lines, "ple/grad_ratio_proj")),
+    "table_movement": ("|table - table at init| / |table at init| (Frobenius)",
+                       lambda lines: _last(lines, "ple/table_movement")),
+    "ablation_delta": ("loss with every PLE layer zeroed minus loss with PLE, on the monitor's probe batches",
+                       lambda lines: _last(lines, "ple/ablation_delta")),
+}
+"""name -> (what it measures, how to read it from the logged lines up to a step). Larger = more alive."""
+
+
+def signals_at(metrics: Sequence[dict[str, Any]], total_steps: int, fraction: float) -> dict[str, Any]:
+    """Every candidate read from the training lines logged at or before step round(fraction * total_steps)."""
+    step = max(1, round(fraction * total_steps))
+    lines = [m for m in metrics if int(m.get("step", 0)) <= step]
+    reached = bool(metrics) and max(int(m.get("step", 0)) for m in metrics) >= step
+    return {"fraction": fraction, "step": step, "reached": reached,
+            "values": {name: fn(lines) for name, (_, fn) in SIGNALS.items()}}
+
+
+def run_signals(metrics: Sequence[dict[str, Any]], total_steps: int,
+                fractions: Sequence[float] = FRACTIONS) -> dict[float, dict[str, float | None]]:
+    """{fraction: {signal: value}} for one run (only fractions the run has reached)."""
+    out = {}
+    for f in fractions:
+        at = signals_at(metrics, total_steps, f)
+        if at["reached"]:
+            out[f] = at["values"]
+    return out
+
+
+def apply_rule(rule: dict[str, Any], value: float | None) -> str | None:
+    """'alive' / 'not alive' by the rule, None when the signal is missing."""
+    if value is None or not math.isfinite(value):
+        return None
+    return "alive" if value > rule["threshold"] else "not alive"
+
+
+def _label(verdict: str | None) -> str | None:
+    return None if verdict is None else "alive" if verdict == "alive" else "not alive"
+
+
+def _cut(lo: float, hi: float) -> float:
+    """A threshold between two sorted values: geometric midpoint for positive values (signals span decades)."""
+    return math.sqrt(lo * hi) if lo > 0 and hi > 0 else (lo + hi) / 2
+
+
+def _margin(lo: float, hi: float) -> float:
+    return math.log(hi / lo) if lo > 0 and hi > 0 else (hi - lo) / max(abs(hi), abs(lo), 1e-12)
+
+
+def _best_threshold(pairs: list[tuple[float, str]]) -> tuple[int, float, float]:
+    """(correct, threshold, margin) of the best cut of (value, label) pairs by 'value > threshold -> alive'."""
+    values = sorted({v for v, _ in pairs})
+    cuts = [(values[0] - abs(values[0]) - 1.0, 0.0)]  # everything alive
+    cuts += [(_cut(a, b), _margin(a, b)) for a, b in zip(values, values[1:], strict=False)]
+    cuts.append((values[-1] + abs(values[-1]) + 1.0, 0.0))  # nothing alive
+    best = (-1, 0.0, 0.0)
+    for threshold, margin in cuts:
+        correct = sum((v > threshold) == (label == "alive") for v, label in pairs)
+        if (correct, margin) > (best[0], best[2]):
+            best = (correct, threshold, margin)
+    return best
+
+
+def choose_rule(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRACTIONS) -> dict[str, Any] | None:
+    """The best single-threshold rule on these runs; runs: {'signals': run_signals(...), 'verdict': final verdict}.
+
+    Best = most runs right, then the earliest fraction, then the widest margin (log ratio of the two values the
+    threshold separates), then SIGNALS order. None when no run has both a verdict and a signal, or when the runs'
+    verdicts are all alive or all not alive (any threshold beyond the data would 'fit', and predict nothing).
+    """
+    if len({_label(r.get("verdict")) for r in runs} - {None}) < 2:
+        return None
+    best: tuple | None = None
+    for fi, f in enumerate(fractions):
+        for si, name in enumerate(SIGNALS):
+            pairs = [(r["signals"][f][name], _label(r["verdict"])) for r in runs
+                     if _label(r.get("verdict")) and r["signals"].get(f, {}).get(name) is not None]
+            pairs = [(v, lab) for v, lab in pairs if math.isfinite(v)]
+            if not pairs:
+                continue
+            correct, threshold, margin = _best_threshold(pairs)
+            key = (correct / len(pairs), -fi, margin, -si)
+            if best is None or key > best[0]:
+                best = (key, {"signal": name, "fraction": f, "threshold": threshold, "fit_correct": correct,
+                              "fit_n": len(pairs), "fit_accuracy": correct / len(pairs),
+                              "description": SIGNALS[name][0]})
+    return None if best is None else best[1]
+
+
+def evaluate_rule(rule: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How often the rule gets the final verdict (alive vs not) right on these runs; missing signals count apart."""
+    correct, n, missing = 0, 0, 0
+    confusion: dict[str, int] = {}
+    for r in runs:
+        truth = _label(r.get("verdict"))
+        if truth is None:
+            continue
+        guess = apply_rule(rule, r["signals"].get(rule["fraction"], {}).get(rule["signal"]))
+        if guess is None:
+            missing += 1
+            continue
+        n += 1
+        correct += guess == truth
+        key = f"predicted {guess}, final {truth}"
+        confusion[key] = confusion.get(key, 0) + 1
+    return {"correct": correct, "n": n, "accuracy": correct / n if n else None, "missing": missing,
+            "confusion": confusion}
+
+
+def describe_rule(rule: dict[str, Any]) -> str:
+    """The rule in one line."""
+    return (f"alive if {rule['signal']} at {rule['fraction']:.0%} of training > {rule['threshold']:.4g} "
+            f"({rule.get('description') or SIGNALS[rule['signal']][0]})")
+
+
+def predict_run(metrics: Sequence[dict[str, Any]], total_steps: int, rule: dict[str, Any] | None) -> dict[str, Any]:
+    """The early prediction for one run: every candidate at each fraction reached, and the rule's call if any.
+
+    rule: the study's `early_rule` (with its measured test accuracy), or None before the study has chosen one.
+    """
+    at = {f: signals_at(metrics, total_steps, f) for f in FRACTIONS}
+    out: dict[str, Any] = {"total_steps": total_steps, "last_step": max((int(m.get("step", 0)) for m in metrics),
+                                                                        default=0),
+                           "signals": {f: a["values"] for f, a in at.items() if a["reached"]}, "rule": rule}
+    if rule is None:
+        out["prediction"] = None
+        out["text"] = ("no early rule has been measured yet: the dead-zone-law study (docs/deadzone-law.md) chooses "
+                       "one and commits it with its accuracy; the candidate signals are listed without a verdict")
+        return out
+    reached = at.get(rule["fraction"]) or signals_at(metrics, total_steps, rule["fraction"])
+    accuracy = (f"right in {rule['test_correct']}/{rule['test_n']} runs of the held-out width(s) "
+                f"{rule.get('test_widths')}" if rule.get("test_n") else "no held-out accuracy measured")
+    if not reached["reached"]:
+        out["prediction"] = None
+        out["text"] = (f"the rule reads step {reached['step']} ({rule['fraction']:.0%} of {total_steps}); the run has "
+                       f"logged up to step {out['last_step']}")
+        return out
+    value = reached["values"].get(rule["signal"])
+    out["prediction"] = apply_rule(rule, value)
+    out["value"] = value
+    out["text"] = (f"early prediction: {out['prediction'] or 'unknown (signal not logged)'} - {describe_rule(rule)}; "
+                   f"here {value if value is None else format(value, '.4g')} at step {reached['step']}; "
+                   f"measured accuracy: {accuracy}")
+    return out
+
+
+def format_prediction(report: dict[str, Any]) -> str:
+    """The early prediction and the candidates as text."""
+    lines = [report["text"], "", f"{'signal':<20}" + "".join(f"{f:>11.0%}" for f in report["signals"])]
+    for name in SIGNALS:
+        cells = [report["signals"][f].get(name) for f in report["signals"]]
+        lines.append(f"{name:<20}" + "".join(f"{'-' if v is None else format(v, '.3g'):>11}" for v in cells))
+    return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""The dead-zone-law report: per-width tables, the dP/H figure across widths, the law, the prediction, the early rule.
+
+Rendered with the sweep report's blocks (report.to_markdown / to_html) into OUT/law.md, OUT/law.html,
+OUT/plots/law_vs_ratio.png, plus OUT/law.json (the full analysis) and OUT/deadzone_law.json (the compact
+result the study commits as plelab/experiments/deadzone_law.json).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from plelab.errors import PlelabError
+from plelab.experiments.law import CRITERIA, PREDICTION_FILE, gather, law_analysis, law_summary, prediction_record
+from plelab.experiments.report import Block, fmt, to_html, to_markdown
+from plelab.util.fs import atomic_write_bytes, check_output_path
+
+PRIMARY = {"heldout": "the prepared data's held-out split", "loss": "macro over the evaluation domains"}
+
+
+def _bracket(b: Sequence[float] | None, width: int | None = None) -> str:
+    if b is None:
+        return "-"
+    lo, hi = b[0], math.inf if b[1] is None else b[1]
+    text = f"({lo:g}, {hi:g}]" if math.isfinite(hi) else f"> {lo:g} (none tested met it)"
+    return text if width is None else f"{text}, dP/H {_ratio(lo / width)}–{_ratio(hi / width)}"
+
+
+def _ratio(x: float) -> str:
+    return "∞" if not math.isfinite(x) else "0" if x == 0 else f"1/{1 / x:.3g}"
+
+
+def law_figure(analysis: dict[str, Any]) -> bytes | None:
+    """Paired loss delta and ablation delta vs dP/H (log x), every width and form on the same two panels."""
+    from plelab.experiments.plots import _png, plt
+
+    widths = analysis["widths"]
+    if not any(w["paired"] or w["ablation"] for w in widths):
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True)
+    for w in widths:
+        label = f"H={w['H']} ({w['form']})"
+        style = "-o" if w["form"] == "simple" else "--s"
+        for ax, rows, mean, se in ((top, w["paired"], "delta_mean", "delta_se"),
+                                   (bottom, w["ablation"], "mean", "se")):
+            xs = [r["ple_dim"] / w["H"] for r in rows if r[mean] is not None]
+            ys = [r[mean] for r in rows if r[mean] is not None]
+            errs = [r[se] or 0.0 for r in rows if r[mean] is not None]
+            if xs:
+                ax.errorbar(xs, ys, yerr=errs, fmt=style, capsize=3, label=label)
+    for p, color in zip(analysis.get("published", []), ("tab:orange", "tab:gray"), strict=False):
+        for ax in (top, bottom):
+            ax.axvspan(p["bracket"][0] / p["H"], p["bracket"][1] / p["H"], color=color, alpha=0.12, zorder=0,
+                       label=f"published: H={p['H']} ({p['criterion']})" if ax is top else None)
+    top.axhline(0, color="k", lw=0.8)
+    bottom.axhline(0.01, color="tab:green", lw=0.8, ls=":", label="alive above (0.01 nats)")
+    top.set_ylabel(f"paired Δ {analysis['primary_loss']} loss vs dP=0\n(mean ± s.e. over seeds)")
+    bottom.set_ylabel("ablation Δ (PLE off − on)\n(mean ± s.e. over seeds)")
+    bottom.set_xscale("log", base=2)
+    bottom.set_xlabel("dP / H (shaded: published dP* brackets)")
+    top.legend(fontsize=8)
+    bottom.legend(fontsize=8)
+    return _png(fig)
+
+
+def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
+    """One width: paired deltas (primary, secondary), ablation and verdicts per dP, threshold brackets."""
+    sec = {r["ple_dim"]: r for r in w["paired_secondary"]}
+    abl = {r["ple_dim"]: r for r in w["ablation"]}
+    rows = []
+    for r in w["paired"]:
+        s, a = sec.get(r["ple_dim"], {}), abl.get(r["ple_dim"], {})
+        rows.append([str(r["ple_dim"]), _ratio(r["ple_dim"] / w["H"]), str(r["n"]),
+                     f"{fmt(r['delta_mean'], '+.4f')} ± {fmt(r['delta_se'])}",
+                     {True: "yes", False: "no", None: "?"}[r["gain_significant"]],
+                     f"{fmt(s.get('delta_mean'), '+.4f')} ± {fmt(s.get('delta_se'))}",
+                     f"{fmt(a.get('mean'), '+.4f')} ± {fmt(a.get('se'))}",
+                     ", ".join(f"{n} {v}" for v, n in (a.get("verdicts") or {}).items()) or "-"])
+    trained = [t for t in w["trained"] if t.get("trained") is not None]
+    bent = sum(bool(t["trained"]) for t in trained)
+    late = ", ".join(f"{t['name']} ({fmt(t.get('late_share'), '.0%')})" for t in trained if not t["trained"])
+    t = w["thresholds"]
+    return [
+        ("h", 2, f"H = {w['H']}, {w['form']} form ({w['layers']} layers, vocab {w['vocab']}, {w['max_steps']} steps)"),
+        ("table", ["dP", "dP/H", "seeds", f"paired Δ {primary} (± s.e.)", "gain?", "paired Δ 16 domains (± s.e.)",
+                   "ablation Δ (± s.e.)", "final verdicts"], rows),
+        ("list", [f"{name}: dP* {_bracket(t[name]['bracket'], w['H'])}"
+                  + (f"; above it, not met at dP = {t[name]['exceptions']}" if t[name]["exceptions"] else "")
+                  for name in CRITERIA]),
+        ("p", f"Trained criterion met by {bent}/{len(trained)} runs"
+              + (f"; not yet bent: {late}" if late else "")
+              + f". Time in training steps, all runs of this width together: {w['train_hours']:.2f} h."),
+    ]
+
+
+def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
+    """The whole law report as blocks."""
+    primary = analysis["primary_loss"]
+    blocks: list[Block] = [
+        ("h", 1, "The dead-zone law"),
+        ("p", f"Primary loss: `{primary}` ({PRIMARY[primary]}); secondary: the macro over the 16 evaluation "
+              "domains. Paired Δ = loss(dP) − loss(dP = 0) of the same "
+              "seed (same trunk init and data order), mean ± s.e. over seeds."),
+        ("list", [f"{k}: {v}" for k, v in analysis["criteria"].items()] + [analysis["trained_rule"]]
+                 + analysis["notes"]),
+    ]
+    for w in analysis["widths"]:
+        blocks += width_blocks(w, primary)
+    blocks.append(("h", 2, f"The law dP*/H = c ({analysis['form']} form, fitted on H = {analysis['fit_widths']})"))
+    blocks.append(("list", [f"{c}: {law['reason']}" + (f"; point estimate {_ratio(law['estimate'])}"
+                                                         if law.get("estimate") else "")
+                            for c, law in analysis["law"].items()]))
+    if analysis["predictions"]:
+        blocks.append(("table", ["H", "criterion", "predicted dP*", "measured dP*", "outcome"],
+                       [[str(p["H"]), p["criterion"], _bracket(p["bracket"]), _bracket(p["measured"]), p["outcome"]]
+                        for p in analysis["predictions"]]))
+    early = analysis["early"] or {}
+    if early.get("rule"):
+        test = early.get("test")
+        blocks.append(("h", 2, "Early predictor"))
+        blocks.append(("p", f"Chosen on the fit widths: {early['text']}; right in {early['fit']['correct']}/"
+                            f"{early['fit']['n']} of their runs. "
+                       + (f"On the held-out width(s): {test['correct']}/{test['n']} right ({test['missing']} without "
+                          "the signal)." if test else "No held-out width has finished runs yet.")))
+    else:
+        blocks.append(("p", f"Early predictor: {early.get('reason', 'none')}."))
+    blocks.append(("h", 2, "Published points"))
+    blocks.append(("table", ["source", "H", "form", "criterion", "dP* bracket", "note"],
+                   [[p["source"], str(p["H"]), p["form"], p["criterion"], _bracket(p["bracket"], p["H"]), p["note"]]
+                    for p in analysis["published"]]))
+    if figure:
+        blocks.append(("img", "law_vs_ratio", "Paired loss Δ and ablation Δ vs dP/H, all widths", None))
+    return blocks
+
+
+def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
+                     inputs: Sequence[str | Path] = ()) -> list[Path]:
+    """Write OUT/law.md, law.html, law.json, deadzone_law.json and plots/law_vs_ratio.png; return the paths."""
+    out_dir = Path(out_dir)
+    check_output_path(out_dir, overwrite=True, is_dir=True, inputs=tuple(inputs))
+    png = law_figure(analysis)
+    blocks = law_blocks(analysis, png is not None)
+    if png is not None:
+        blocks = [b if b[0] != "img" else (*b[:3], png) for b in blocks]
+    png_path = out_dir / "plots" / "law_vs_ratio.png"
+    files = {out_dir / "law.md": to_markdown(blocks, {"law_vs_ratio": os.path.relpath(png_path, out_dir)}).encode(),
+             out_dir / "law.html": to_html(blocks, "plelab: the dead-zone law").encode(),
+             out_dir / "law.json": json.dumps(analysis, indent=2).encode(),
+             out_dir / "deadzone_law.json": json.dumps(law_summary(analysis), indent=2).encode()}
+    if png is not None:
+        files[png_path] = png
+    for path in files:
+        check_output_path(path, overwrite=overwrite, inputs=tuple(inputs))
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    for path, data in files.items():
+        atomic_write_bytes(path, data)
+    return list(files)
+
+
+def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence[int] | None = None,
+                   overwrite: bool = False, as_json: bool = False) -> int:
+    """`plelab report DIR --law [--predict H]`: analyse, freeze a new prediction if asked, write, print."""
+    from plelab.cli.common import print_json
+
+    folder = Path(folder)
+    frozen_path = folder / PREDICTION_FILE
+    frozen = load_prediction(frozen_path)
+    if predict and frozen is not None:
+        raise PlelabError(f"{frozen_path} already holds the prediction for H = "
+                          f"{sorted({p['H'] for p in frozen['predictions']})}; it is never overwritten (the protocol: "
+                          "predict once, before running the width). Drop --predict to score it")
+    analysis = law_analysis(gather(folder), predict_widths=predict or (), prediction=frozen)
+    if predict:
+        measured = [p["H"] for p in analysis["predictions"] if p["measured"] is not None]
+        if measured:
+            raise PlelabError(f"H = {sorted(set(measured))} already has finished runs: a prediction must come first")
+        atomic_write_bytes(frozen_path, json.dumps(prediction_record(analysis), indent=2).encode())
+    out_dir = Path(out or folder)
+    own = out_dir.resolve() == folder.resolve()
+    paths = write_law_report(analysis, out_dir, overwrite=own or overwrite, inputs=(frozen_path,))
+    if as_json:
+        print_json(analysis)
+        return 0
+    for criterion, law in analysis["law"].items():
+        print(f"law ({criterion}): {law['reason']}")
+    for p in analysis["predictions"]:
+        print(f"prediction H={p['H']} {p['criterion']}: dP* {_bracket(p['bracket'])} -> measured "
+              f"{_bracket(p['measured'])}: {p['outcome']}")
+    if predict:
+        print(f"prediction frozen in {frozen_path}: commit it, and write it into docs/deadzone-law.md, before running "
+              f"H = {predict}")
+    for path in paths:
+        print(path)
+    return 0
+
+
+def load_prediction(path: Path) -> dict[str, Any] | None:
+    """The frozen prediction, or None when none has been made."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlelabError(f"{path} is damaged ({exc}); restore it from git (the committed prediction)") from None

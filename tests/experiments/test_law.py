@@ -1,0 +1,235 @@
+"""The dead-zone law on constructed sweep results with a known answer: paired deltas, brackets, fit, prediction."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from plelab.diagnostics.early import run_signals
+from plelab.errors import PlelabError
+from plelab.experiments.analysis import paired_table
+from plelab.experiments.law import (
+    bracket_of,
+    fit_law,
+    gather,
+    law_analysis,
+    law_summary,
+    outcome,
+    predict,
+    prediction_record,
+    suggest,
+    thresholds,
+    trained_criterion,
+)
+from plelab.experiments.sweep_runner import read_metrics
+
+RATIOS = (1 / 32, 1 / 16, 1 / 8, 1 / 4)
+SEEDS = (1, 2, 3)
+
+
+def _signals(alive: bool, ratio: float) -> dict:
+    # The early signal separates alive from not at every width with one threshold (0.01); table movement does not.
+    inj = 0.02 + ratio if alive else 0.004
+    return {f: {"injection_ratio": inj, "table_movement": 0.5} for f in (0.05, 0.1, 0.15, 0.2)}
+
+
+def width_runs(width: int, c: float, form: str = "simple", gain: float = 0.05) -> list[dict]:
+    """Records as law.gather makes them: PLE alive in every seed and a clear loss gain from dP/H > c on."""
+    runs = []
+    for seed in SEEDS:
+        noise = 0.001 * (seed - 2)  # shared by every dP of the seed: pairing cancels it
+        base = 5.0 + 0.3 * (seed - 2)  # seed-to-seed spread far above the gain: unpaired means would hide it
+        runs.append({"name": f"H{width}-d0-s{seed}", "H": width, "form": form, "layers": 4, "vocab": 8192,
+                     "max_steps": 100, "ple_dim": 0, "seed": seed, "heldout": base, "loss": base + 1,
+                     "domains_macro": base + 1, "verdict": None, "ablation_delta": None,
+                     "trained": {"trained": True}, "signals": {}})
+        for r in RATIOS:
+            dim = int(width * r)
+            alive = r > c
+            runs.append({"name": f"H{width}-d{dim}-s{seed}", "H": width, "form": form, "layers": 4, "vocab": 8192,
+                         "max_steps": 100, "ple_dim": dim, "seed": seed,
+                         "heldout": base - (gain if alive else 0.0) + noise * (1 if dim % 2 else -1) * 0.1,
+                         "loss": base + 1 - (gain if alive else 0.0), "domains_macro": base + 1,
+                         "verdict": "alive" if alive else ("weak" if seed == 1 else "dead"),
+                         "ablation_delta": 0.05 if alive else 0.001, "trained": {"trained": True},
+                         "signals": _signals(alive, r)})
+    return runs
+
+
+def test_paired_deltas_cancel_what_the_seed_shares():
+    points = [{"ple_dim": d, "seed": s, "loss": 5 + s + (-0.1 * s if d else 0)} for d in (0, 8) for s in (1, 2, 3)]
+    (row,) = paired_table(points)
+    assert row["deltas"] == pytest.approx([-0.1, -0.2, -0.3])
+    assert row["delta_mean"] == pytest.approx(-0.2) and row["delta_se"] == pytest.approx(0.1 / math.sqrt(3))
+    assert row["gain_significant"] is True  # -0.2 < -2 x 0.058, though the seeds' losses differ by 1 nat
+    points.append({"ple_dim": 8, "seed": 4, "loss": 1.0})  # no dP = 0 run for seed 4: left out, counted
+    assert paired_table(points)[0]["unpaired"] == 1
+
+
+def test_brackets_on_the_grid():
+    assert bracket_of([0, 2, 4, 8], 4) == (2.0, 4.0)
+    assert bracket_of([0, 2, 4, 8], 2) == (0.0, 2.0)  # the smallest tested dP already works
+    assert bracket_of([0, 2, 4, 8], None) == (8.0, math.inf)
+
+
+def test_thresholds_need_every_seed_alive_and_report_exceptions_above():
+    runs = width_runs(64, 1 / 16)
+    t = thresholds(runs, "heldout")
+    assert t["alive"]["first"] == 8 and t["alive"]["bracket"] == [4.0, 8.0]
+    assert t["gain"]["first"] == 8 and t["alive"]["exceptions"] == []
+    for r in runs:  # one seed weak at dP = 8: the threshold moves up, and dP = 16 stays the first all-alive
+        if r["ple_dim"] == 8 and r["seed"] == 2:
+            r["verdict"] = "weak"
+    assert thresholds(runs, "heldout")["alive"]["bracket"] == [8.0, 16.0]
+
+
+def test_law_fit_is_the_intersection_of_the_widths_brackets():
+    law = fit_law({32: (2, 4), 64: (4, 8)})
+    assert law["consistent"] and law["c"] == [1 / 16, 1 / 8] and law["estimate"] == pytest.approx(math.sqrt(1 / 128))
+    assert predict(law, 128) == [8.0, 16.0]
+    narrower = fit_law({32: (2, 8), 64: (8, 16)})  # (1/16, 1/4] and (1/8, 1/4]
+    assert narrower["c"] == [1 / 8, 1 / 4]
+    broken = fit_law({32: (1, 2), 64: (8, 16)})  # (1/32, 1/16] and (1/8, 1/4]: no single c
+    assert not broken["consistent"] and predict(broken, 128) is None and "do not overlap" in broken["reason"]
+
+
+def test_outcome_is_overlap_of_brackets():
+    assert outcome([8, 16], [8, 16]) == "hit"
+    assert outcome([8, 16], [16, 32]) == "miss"  # (16, 32] starts where (8, 16] ends
+    assert outcome([6, 12], [8, 16]) == "hit"
+    assert outcome(None, [8, 16]) == "no prediction" and outcome([8, 16], None) == "not run"
+
+
+@pytest.mark.parametrize("c128, expected", [(1 / 16, "hit"), (1 / 4 - 1e-9, "miss")])
+def test_study_predicts_the_third_width_then_scores_it(c128, expected):
+    fit = width_runs(32, 1 / 16) + width_runs(64, 1 / 16)
+    before = law_analysis(fit, predict_widths=[128])
+    assert before["fit_widths"] == [32, 64] and before["primary_loss"] == "heldout"
+    assert before["law"]["alive"]["c"] == [1 / 16, 1 / 8]  # alive from 1/8 on at both: c in (1/16, 1/8]
+    pred = {p["criterion"]: p for p in before["predictions"]}
+    assert pred["alive"]["bracket"] == [8.0, 16.0] and pred["alive"]["outcome"] == "not run"
+    assert before["early"]["rule"]["signal"] == "injection_ratio" and before["early"]["fit"]["accuracy"] == 1.0
+    frozen = prediction_record(before)
+    after = law_analysis(fit + width_runs(128, c128), prediction=frozen)
+    assert {p["criterion"]: p["outcome"] for p in after["predictions"]} == {"alive": expected, "gain": expected}
+    assert after["early"]["test"]["accuracy"] == 1.0 and after["early"]["test"]["n"] == 12
+    summary = law_summary(after)
+    assert summary["widths_tested"] == [32, 64, 128] and summary["early_rule"]["test_correct"] == 12
+
+
+def test_gemma_form_is_its_own_row_and_unpaired_loss_is_said():
+    runs = width_runs(32, 1 / 16) + width_runs(64, 1 / 16) + width_runs(64, 1 / 8, form="gemma")
+    runs[0]["heldout"] = None
+    out = law_analysis(runs)
+    assert [(w["H"], w["form"]) for w in out["widths"]] == [(32, "simple"), (64, "simple"), (64, "gemma")]
+    assert out["primary_loss"] == "loss" and "held-out split was not evaluated" in out["notes"][0]
+    assert out["widths"][2]["thresholds"]["alive"]["bracket"] == [8.0, 16.0]
+    with pytest.raises(PlelabError, match="fit width"):
+        law_analysis(runs, fit_widths=[32, 128])
+
+
+def test_trained_criterion():
+    bent = [9 - 4 * (1 - math.exp(-i / 8)) for i in range(100)]  # flat for the last 20 %
+    still_falling = [9 - 0.04 * i for i in range(100)]
+    assert trained_criterion(bent)["trained"] is True
+    assert trained_criterion(still_falling)["trained"] is False
+    assert trained_criterion(still_falling)["late_share"] == pytest.approx(17 / 95)  # window centres 2, 80, 97
+    assert trained_criterion([5, 5, 5])["trained"] is None
+    assert trained_criterion([5.0] * 10)["trained"] is False
+
+
+def test_suggest_says_when_there_is_no_law_or_the_width_is_outside():
+    none = suggest(256, None)
+    assert not none["measured"] and "no law has been measured yet" in none["warnings"][0]
+    assert none["published"][0]["scaled"] == [12.8, 25.6]  # SPEC §3's (128, 256] at H = 2560, scaled to 256
+    law = {"law": {"consistent": True, "c": [1 / 32, 1 / 16]}, "widths_tested": [32, 64, 128]}
+    inside, outside = suggest(64, law), suggest(2560, law)
+    assert inside["range"] == [2.0, 4.0] and inside["warnings"] == []
+    assert "outside the tested widths" in outside["warnings"][0]
+
+
+def test_gather_reads_a_real_sweep(finished_sweep):
+    runs = gather(finished_sweep)
+    assert sorted((r["ple_dim"], r["seed"]) for r in runs) == [(0, 1), (0, 2), (8, 1), (8, 2)]
+    ple = [r for r in runs if r["ple_dim"]]
+    assert all(r["verdict"] in ("alive", "weak", "dead") and r["trained"]["trained"] is not None for r in ple)
+    assert all(r["train_seconds"] > 0 for r in runs)
+    for r in ple:  # 12 steps logged every 4: the candidates exist from a third of training on (the monitor logs them)
+        metrics, _ = read_metrics(Path(r["dir"]))
+        values = run_signals(metrics, 12, (0.5,))[0.5]
+        assert values["table_movement"] > 0 and values["ablation_delta"] is not None, values
+        assert values["injection_ratio"] > 0 and values["grad_ratio_table"] > 0
+    with pytest.raises(PlelabError, match="no sweep.sqlite"):
+        gather(finished_sweep / "runs")
+
+
+def test_report_law_freezes_the_prediction_once_then_scores_it(finished_sweep, tmp_path, capsys):
+    from plelab.cli.main import main
+
+    study = tmp_path / "study"
+    shutil.copytree(finished_sweep, study / "h-tiny")
+    assert main(["report", str(study), "--law", "--predict", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "prediction frozen" in out and (study / "prediction.json").is_file()
+    frozen = json.loads((study / "prediction.json").read_text())
+    assert [p["H"] for p in frozen["predictions"]] == [4096, 4096]
+    for name in ("law.md", "law.html", "law.json", "deadzone_law.json", "plots/law_vs_ratio.png"):
+        assert (study / name).is_file(), name
+    assert main(["report", str(study), "--law", "--predict", "4096"]) == 2
+    assert "never overwritten" in capsys.readouterr().err
+    assert main(["report", str(study), "--law"]) == 0
+    assert capsys.readouterr().out.count("-> measured -: not run") == 2  # one line per criterion
+    assert json.loads((study / "prediction.json").read_text()) == frozen
+    width = json.loads((study / "law.json").read_text())["widths"][0]["H"]
+    assert main(["report", str(study), "--law", "--predict", str(width), "--out", str(tmp_path / "o")]) == 2
+    assert "never overwritten" in capsys.readouterr().err
+    (study / "prediction.json").unlink()  # predicting a width that has already run is refused too
+    assert main(["report", str(study), "--law", "--predict", str(width), "--out", str(tmp_path / "o")]) == 2
+    assert "no gemma-form width" in capsys.readouterr().err
+
+
+def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsys):
+    from plelab.cli.main import main
+    from plelab.experiments import law as L
+
+    monkeypatch.setattr(L, "LAW_FILE", tmp_path / "missing.json")
+    assert main(["params", "tiny", "--suggest-ple"]) == 0
+    assert "no law has been measured yet" in capsys.readouterr().out
+    law = {"law": {"consistent": True, "c": [1 / 16, 1 / 8]}, "widths_tested": [32, 64, 128], "fit_widths": [32, 64],
+           "predictions": [{"H": 128, "criterion": "alive", "outcome": "hit"}],
+           "early_rule": {"test_accuracy": 0.9}}
+    monkeypatch.setattr(L, "LAW_FILE", tmp_path / "law.json")
+    (tmp_path / "law.json").write_text(json.dumps(law))
+    assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=64"]) == 0
+    out = capsys.readouterr().out
+    assert "dP >= 8: alive in every seed; dP <= 4: dead zone" in out
+    assert "H=128 alive: hit" in out and "90%" in out and "warning" not in out
+    assert main(["params", "seed-3b", "--suggest-ple"]) == 0
+    assert "outside the tested widths" in capsys.readouterr().out
+
+
+def test_sweep_report_has_the_paired_table(finished_sweep, tmp_path):
+    from plelab.experiments.analysis import analyze_sweep
+    from plelab.experiments.report import write_report
+
+    analysis = analyze_sweep(finished_sweep)
+    (row,) = analysis["groups"][0]["paired"]["loss"]
+    assert row["n"] == 2 and row["ple_dim"] == 8
+    write_report(analysis, tmp_path)
+    assert "Paired Δ vs dP=0, same seed (macro over the evaluation domains)" in (tmp_path / "report.md").read_text()
+
+
+def test_predicting_a_width_that_has_already_run_is_refused(monkeypatch, tmp_path):
+    from plelab.experiments import law_report
+
+    runs = width_runs(32, 1 / 16) + width_runs(64, 1 / 16) + width_runs(128, 1 / 16)
+    monkeypatch.setattr(law_report, "gather", lambda folder: runs)
+    with pytest.raises(PlelabError, match="already has finished runs"):
+        law_report.run_law_report(tmp_path, None, predict=[128])
+    assert not (tmp_path / "prediction.json").exists()
+    assert law_report.run_law_report(tmp_path, None, predict=[256]) == 0  # fit on 32, 64, 128
+    assert json.loads((tmp_path / "prediction.json").read_text())["fit_widths"] == [32, 64, 128]
