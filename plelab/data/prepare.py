@@ -52,6 +52,8 @@ MAX_SHARDS = 4096
 DEFAULT_TOKENIZER_SAMPLE = 20_000_000
 BATCH_CHARS = 1 << 22  # text per encode_batch call: enough pieces to keep every core busy, small in memory
 SPLITS = ("train", "val")
+HELDOUT_DOMAIN = "val"
+"""The held-out split's name when it is evaluated as a domain beside evaluation folders."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

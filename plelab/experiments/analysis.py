@@ -13,12 +13,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
 
-HELDOUT_DOMAIN = "val"
-"""The evaluation domain holding the prepared data's held-out split (training/data_access.split_as_domain)."""
 DIM_KEY = "model.ple.dim"
 SEED_KEY = "seed"
 NOISE_SIGMAS = 2.0

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from plelab.data.loader import BatchLoader, TokenDataset
-from plelab.data.prepare import EvalDomain, load_eval_domains
+from plelab.data.prepare import HELDOUT_DOMAIN, EvalDomain, load_eval_domains
 from plelab.data.tokenizer import Tokenizer
 from plelab.errors import PlelabError
 from plelab.inference.device import host_to_device
@@ -45,11 +45,11 @@ class TrainingData:
             except OSError:
                 cache = None  # read-only data folder: tokenize without caching
             self.eval_domains = load_eval_domains(cfg.eval_data, tokenizer, cache)
-        else:
+        if HELDOUT_DOMAIN not in self.eval_domains:  # the in-domain held-out split too, when it was prepared
             try:
-                self.eval_domains = {"val": split_as_domain(TokenDataset(cfg.data, "val"), cfg.eval_tokens)}
+                self.eval_domains[HELDOUT_DOMAIN] = split_as_domain(TokenDataset(cfg.data, "val"), cfg.eval_tokens)
             except PlelabError:
-                self.eval_domains = {}
+                pass
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (x, y) batch, on the training device."""
