@@ -53,7 +53,7 @@ def test_metrics_and_verdict_files(run_dir):
     assert early["step"] == 2
     assert final["summary"]["verdict"] in ("alive", "weak", "dead")
     assert final["early_matches_final"] is not None
-    assert any("evaluation domains (prose)" in n for n in final["notes"])
+    assert any("evaluation domains (prose, val)" in n for n in final["notes"])  # val: the held-out split
     assert "tokens of the training split" in final["report"]["table_health"]["views"]["frequent"]["rows"]
 
 

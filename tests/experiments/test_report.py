@@ -38,7 +38,7 @@ def test_report_json_is_the_analysis(finished_sweep, tmp_path, capsys):
     assert [r["ple_dim"] for r in group["table"]] == [0, 8] and group["table"][1]["n"] == 2
     assert [(s["from"], s["to"]) for s in group["steps"]] == [(0, 8)]
     assert group["verdicts"]["rows"][0]["compared"] == 2
-    assert len(group["domains"]["rows"]) == 2
+    assert len(group["domains"]["rows"]) == 3  # the two folder domains + the prepared held-out split
 
 
 def test_report_on_a_folder_without_a_sweep_is_a_clear_error(tmp_path, capsys):

@@ -44,7 +44,7 @@ def test_the_database_holds_config_status_summary_and_per_domain_evaluation(fini
         assert r["config"]["seed"] == r["seed"] and r["steps"] == 12 and r["tokens"] == 12 * 4 * 32
         assert r["params_total"] == r["params_base"] + r["params_added"]
         assert (r["params_added"] > 0) == (r["ple_dim"] > 0)
-        assert set(evals[r["name"]]) == {"numbers", "prose"}
+        assert set(evals[r["name"]]) == {"numbers", "prose", "val"}  # val: the held-out split
         summary = r["summary"]["final_eval"]
         assert r["eval_loss"] == summary["macro"]["loss"]
         assert evals[r["name"]]["prose"]["loss"] == summary["domains"]["prose"]["loss"]
@@ -104,7 +104,7 @@ def test_kill_9_mid_sweep_then_rerun_finishes_every_run_exactly_once(tiny_data):
     assert (sweep.run_dir(sweep.points[0]) / "metrics.jsonl").stat().st_mtime_ns == first_done
     for point in sweep.points:
         assert_each_step_logged_once(sweep.run_dir(point), 16)
-        assert len(evals[point.name]) == 2
+        assert len(evals[point.name]) == 3
     assert "resumed from" in (second / "train.log").read_text()
 
 

@@ -51,7 +51,7 @@ def test_training_lowers_the_loss_and_writes_everything(setup):
     final = trainer.run()
     lo = losses(setup / "run")
     assert final["loss"] < lo[1] - 0.5, lo
-    assert set(final["final_eval"]["domains"]) == {"numbers", "prose"}
+    assert set(final["final_eval"]["domains"]) == {"numbers", "prose", "val"}  # val: the held-out split
     assert (setup / "run" / "checkpoints" / "LATEST").read_text() == "step_00000030"
     assert len(list((setup / "run" / "checkpoints").glob("step_*"))) == cfg.keep_checkpoints
     line = json.loads((setup / "run" / "metrics.jsonl").read_text().splitlines()[0])
