@@ -84,6 +84,8 @@ class PLEConfig:
             raise ConfigError(f"ple.gate must be one of {', '.join(PLE_GATES)}, got {self.gate!r}")
         if self.layers is not None and len(set(self.layers)) != len(self.layers):
             raise ConfigError(f"ple.layers has duplicates: {self.layers}")
+        if self.table_init_std is not None and self.table_init_std < 0:
+            raise ConfigError(f"ple.table_init_std must be >= 0, got {self.table_init_std}")
 
 
 @dataclass
@@ -195,6 +197,10 @@ class ModelConfig:
             raise ConfigError(f"head dim must be even for RoPE, got {self.head_size}")
         if self.norm_eps <= 0 or not math.isfinite(self.norm_eps):
             raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps}")
+        if not self.rope_theta > 1:  # RoPE frequencies are theta ** (-2i / d): theta <= 1 stops rotating
+            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta}")
+        if not self.init_std > 0:
+            raise ConfigError(f"init_std must be > 0, got {self.init_std}")
         if self.kernels not in KERNEL_SETTINGS:
             raise ConfigError(f"kernels must be one of {', '.join(KERNEL_SETTINGS)}, got {self.kernels!r}")
         if self.ple.layers is not None:

@@ -94,9 +94,18 @@ class TrainConfig:
     """Also log to Weights & Biases when wandb is installed (project 'plelab')."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_steps", "log_every", "ckpt_every", "keep_checkpoints"):
+        for name in ("batch_size", "grad_accum", "max_steps", "log_every", "ckpt_every", "keep_checkpoints",
+                     "eval_tokens", "max_bad_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "diagnostics_every", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:  # 0 = off
+                raise ConfigError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 < self.early_warning_fraction <= 1:
+            raise ConfigError(f"early_warning_fraction must be in (0, 1], got {self.early_warning_fraction}")
         if self.seq_len < 0 or self.seq_len > self.model.max_seq_len:
             raise ConfigError(f"seq_len must be in 0..model.max_seq_len ({self.model.max_seq_len}), got {self.seq_len}")
         if not self.lr > 0:

@@ -57,3 +57,12 @@ def test_field_docs_read_attribute_docstrings():
     from plelab.model.config import PLEConfig
 
     assert "dP" in field_docs(PLEConfig)["dim"]
+
+
+@pytest.mark.parametrize("override", ["rope_theta=0", "rope_theta=1", "init_std=-1", "init_std=0",
+                                      "ple.table_init_std=-1"])
+def test_out_of_range_init_and_rope_values_are_refused(override):
+    from plelab.model.presets import load_model_config
+
+    with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[-1]):
+        load_model_config({"preset": "tiny"}, [override])

@@ -194,6 +194,16 @@ def test_non_finite_config_values_fail_validation(setup, override):
         load_train_config(write_config(setup), [override])
 
 
+@pytest.mark.parametrize("override", ["eval_tokens=-5", "max_bad_steps=0", "warmup_steps=-1", "eval_every=-1",
+                                      "diagnostics_every=-1", "weight_decay=-0.1", "grad_clip=-1", "beta1=1",
+                                      "beta2=-0.5", "early_warning_fraction=2", "early_warning_fraction=0"])
+def test_out_of_range_config_values_fail_validation(setup, override):
+    from plelab.util.dataclass_config import ConfigError
+
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_train_config(write_config(setup), [override])
+
+
 def test_non_finite_values_in_a_config_file_fail_validation(setup):
     from plelab.util.dataclass_config import ConfigError
 
