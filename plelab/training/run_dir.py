@@ -27,7 +27,8 @@ RUN_FILES = (CONFIG_FILE, METRICS_FILE, HISTORY_FILE)
 
 RESUMABLE_FIELDS = (
     "max_steps", "log_every", "eval_every", "eval_tokens", "ckpt_every", "keep_checkpoints", "max_bad_steps",
-    "diagnostics_every", "tensorboard", "wandb", "device", "parallel", "activation_checkpointing",
+    "diagnostics_every", "tensorboard", "wandb", "device", "parallel", "activation_checkpointing", "compile",
+    "pin_memory",
 )
 """Settings `--resume` may change (each change is recorded in config_history.jsonl). Everything else (model
 shape, data, batch, learning-rate schedule, seed, dtype, ...) defines what the checkpoint's state means, so
