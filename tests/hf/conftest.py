@@ -7,11 +7,11 @@ alive), and saves config.json + model.safetensors + tokenizer.json into a fresh 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 import torch
+from parity_helpers import randomise_
 
 pytest.importorskip("transformers")
 from transformers.utils import logging as hf_logging  # noqa: E402
@@ -38,17 +38,6 @@ def _config(family: str, ple_vocab: int, tie: bool):
     from transformers import Gemma4TextConfig
 
     return Gemma4TextConfig(**common, global_head_dim=16)
-
-
-def _randomise(lm: torch.nn.Module, seed: int) -> None:
-    """Norms ~ U(0.5, 1.5), matrices ~ N(0, 1/fan_in): at HF's init several PLE parts are exactly zero."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in lm.parameters():
-            if p.ndim == 1:
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
 
 
 def _train_only_ple_knows_tokens(lm: torch.nn.Module, tokens: torch.Tensor, steps: int) -> None:
@@ -113,7 +102,7 @@ def make_gemma(tmp_path_factory, tokenizer_json, valid_dir):
         torch.manual_seed(0)
         cls = Gemma3nForCausalLM if family == "gemma3n" else Gemma4ForCausalLM
         lm = cls(_config(family, ple_vocab, tie=plant != "alive")).eval()
-        _randomise(lm, seed=1)
+        randomise_(lm, seed=1, layer_scalars=False)
         if plant == "dead":
             with torch.no_grad():
                 for layer in lm.model.layers:

@@ -9,12 +9,12 @@ moved by two small steps. Bad inputs each end in one line and exit status 2 befo
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from parity_helpers import randomise_
 
 pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -100,17 +100,6 @@ def test_export_refuses_a_llama_run(setup, capsys):
     run = train(setup, "llama-run", gemma4=False, max_steps=1)
     err = one_line_error(capsys, ["export-hf", str(run), str(setup / "llama-hf")])
     assert "arch=gemma4" in err and not (setup / "llama-hf").exists()
-
-
-def randomise_(module: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.rand(p.shape, generator=g) + 0.5 if p.ndim == 1
-                    else torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-        for name, b in module.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ scalar, a norm moved, no value norm, a window one too wide, full RoPE instead of
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
+from parity_helpers import randomise_
 
 pytest.importorskip("transformers")
 from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig  # noqa: E402
@@ -57,20 +57,6 @@ CONFIGS = {
         num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=4, hidden_size_per_layer_input=0,
     ),
 }
-
-
-def randomise_(module: torch.nn.Module, seed: int) -> None:
-    """1-D weights (norms) ~ U(0.5, 1.5), matrices ~ N(0, 1/fan_in), layer scalars ~ U(0.5, 1.5)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.ndim == 1:
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-        for name, b in module.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
 
 
 def hf_model(name: str, seed: int = 0) -> Gemma4ForCausalLM:

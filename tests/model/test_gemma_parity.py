@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from parity_helpers import randomise_
 
 pytest.importorskip("transformers")
 from transformers.models.gemma3n.configuration_gemma3n import Gemma3nTextConfig  # noqa: E402
@@ -45,20 +46,6 @@ COMMON = dict(
     num_hidden_layers=L, num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
     layer_types=["full_attention"] * L, max_position_embeddings=64,
 )
-
-
-def randomise_(module: torch.nn.Module, seed: int) -> None:
-    """Random weights: 1-D tensors (norms, AltUp's zero-init scale) ~ U(0.5, 1.5), matrices ~ N(0, 1/fan_in)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.ndim == 1:
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-        for name, b in module.named_buffers():
-            if name.endswith("layer_scalar"):  # Gemma 4: ones at init, learned in real checkpoints
-                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,13 @@
 #define PLE_MAX_TABLES 4
 #define PLE_MAX_TIERS 8
 
+/* Format an error into err (PLE_ERR bytes) and return -1: every reader and loader reports this way. */
+int ple_fail(char *err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
 enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK };
 enum { PLE_GATE_INPUT, PLE_GATE_SCALAR, PLE_GATE_VECTOR };

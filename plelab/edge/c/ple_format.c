@@ -23,7 +23,7 @@ static const uint8_t MAGIC[8] = {0x89, 'P', 'L', 'E', '\r', '\n', 0x1a, '\n'};
 #define MAX_DIM (1u << 24)      /* no dimension of a model this runtime runs comes near */
 #define MAX_MODEL_SECTION (1u << 24)
 
-static int fail(char *err, const char *fmt, ...) {
+int ple_fail(char *err, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, PLE_ERR, fmt, ap);
@@ -199,43 +199,43 @@ static int name_field(char *dst, const uint8_t *src, size_t n) {
 static int read_header(ple_storage *st, ple_desc *d, char *err) {
     uint8_t h[HEADER_BYTES], table[SECTION_BYTES * PLE_MAX_SECTIONS];
     if (st->size < HEADER_BYTES || st->read(st, 0, h, HEADER_BYTES))
-        return fail(err, "not a .ple file (only %llu bytes)", (unsigned long long)st->size);
-    if (memcmp(h, MAGIC, 8)) return fail(err, "not a .ple file (bad magic)");
+        return ple_fail(err, "not a .ple file (only %llu bytes)", (unsigned long long)st->size);
+    if (memcmp(h, MAGIC, 8)) return ple_fail(err, "not a .ple file (bad magic)");
     d->version = rd32(h + 8);
     if (d->version != 2)
-        return fail(err, "format version %u is not supported (the C runtime reads version 2); "
+        return ple_fail(err, "format version %u is not supported (the C runtime reads version 2); "
                          "re-export the model with this plelab", d->version);
     if (ple_crc32(0, h, 60) != rd32(h + 60) || rd32(h + 12) != HEADER_BYTES)
-        return fail(err, "header is corrupt (crc32 mismatch)");
+        return ple_fail(err, "header is corrupt (crc32 mismatch)");
     d->file_bytes = rd64(h + 16);
     if (st->size < d->file_bytes)
-        return fail(err, "truncated: %llu bytes, the header says %llu", (unsigned long long)st->size,
+        return ple_fail(err, "truncated: %llu bytes, the header says %llu", (unsigned long long)st->size,
                     (unsigned long long)d->file_bytes);
     if (st->size > d->file_bytes)
-        return fail(err, "has %llu unexpected trailing bytes (corrupt copy?)",
+        return ple_fail(err, "has %llu unexpected trailing bytes (corrupt copy?)",
                     (unsigned long long)(st->size - d->file_bytes));
     d->n_sections = rd32(h + 24);
     d->body_crc = rd32(h + 32);
     if (d->n_sections == 0 || d->n_sections > PLE_MAX_SECTIONS)
-        return fail(err, "header is corrupt (%u sections)", d->n_sections);
+        return ple_fail(err, "header is corrupt (%u sections)", d->n_sections);
     uint64_t body = HEADER_BYTES + (uint64_t)SECTION_BYTES * d->n_sections;
     if (body > d->file_bytes || st->read(st, HEADER_BYTES, table, SECTION_BYTES * d->n_sections))
-        return fail(err, "truncated section table");
+        return ple_fail(err, "truncated section table");
     if (ple_crc32(0, table, SECTION_BYTES * d->n_sections) != rd32(h + 28))
-        return fail(err, "section table is corrupt (crc32 mismatch)");
+        return ple_fail(err, "section table is corrupt (crc32 mismatch)");
     uint64_t prev_end = body;
     for (uint32_t i = 0; i < d->n_sections; i++) {
         ple_section *s = &d->sections[i];
         const uint8_t *e = table + SECTION_BYTES * i;
-        if (name_field(s->name, e, 16)) return fail(err, "section %u has an invalid name", i);
+        if (name_field(s->name, e, 16)) return ple_fail(err, "section %u has an invalid name", i);
         s->offset = rd64(e + 16);
         s->nbytes = rd64(e + 24);
         memcpy(s->sha256, e + 32, 32);
         if (s->offset < prev_end || s->offset > d->file_bytes || s->nbytes > d->file_bytes - s->offset)
-            return fail(err, "section '%s' lies outside the file or overlaps another", s->name);
+            return ple_fail(err, "section '%s' lies outside the file or overlaps another", s->name);
         prev_end = s->offset + s->nbytes;
         for (uint32_t k = 0; k < i; k++)
-            if (!strcmp(d->sections[k].name, s->name)) return fail(err, "section '%s' appears twice", s->name);
+            if (!strcmp(d->sections[k].name, s->name)) return ple_fail(err, "section '%s' appears twice", s->name);
     }
     return 0;
 }
@@ -243,23 +243,23 @@ static int read_header(ple_storage *st, ple_desc *d, char *err) {
 /* Read a small section whole and check its sha256 (meta and model are always verified). */
 static uint8_t *read_checked(ple_storage *st, const ple_section *s, char *err) {
     if (s->nbytes > MAX_MODEL_SECTION) {
-        fail(err, "section '%s' is implausibly large (%llu bytes)", s->name, (unsigned long long)s->nbytes);
+        ple_fail(err, "section '%s' is implausibly large (%llu bytes)", s->name, (unsigned long long)s->nbytes);
         return NULL;
     }
     uint8_t *buf = malloc(s->nbytes ? s->nbytes : 1), sha[32];
     if (!buf) {
-        fail(err, "out of memory reading section '%s'", s->name);
+        ple_fail(err, "out of memory reading section '%s'", s->name);
         return NULL;
     }
     if (st->read(st, s->offset, buf, s->nbytes)) {
         free(buf);
-        fail(err, "cannot read section '%s'", s->name);
+        ple_fail(err, "cannot read section '%s'", s->name);
         return NULL;
     }
     ple_sha256(buf, s->nbytes, sha);
     if (memcmp(sha, s->sha256, 32)) {
         free(buf);
-        fail(err, "section '%s' fails its sha256 checksum (file corrupt)", s->name);
+        ple_fail(err, "section '%s' fails its sha256 checksum (file corrupt)", s->name);
         return NULL;
     }
     return buf;
@@ -270,10 +270,10 @@ static uint8_t *read_checked(ple_storage *st, const ple_section *s, char *err) {
 static int parse_tables(ple_desc *d, const uint8_t *p, const uint8_t *end, char *err) {
     for (uint32_t i = 0; i < d->n_tables; i++) {
         ple_table *t = &d->tables[i];
-        if (end - p < TABLE_DESC) return fail(err, "model description is truncated (tables)");
+        if (end - p < TABLE_DESC) return ple_fail(err, "model description is truncated (tables)");
         uint64_t rows = rd64(p + 16);
         if (name_field(t->name, p, 16) || rows == 0 || rows > MAX_DIM)
-            return fail(err, "model description: table %u is invalid", i);
+            return ple_fail(err, "model description: table %u is invalid", i);
         t->rows = (uint32_t)rows;
         t->record_bytes = rd32(p + 24);
         t->stride = rd32(p + 28);
@@ -282,11 +282,11 @@ static int parse_tables(ple_desc *d, const uint8_t *p, const uint8_t *end, char 
         t->n_parts = rd32(p + 40);
         p += TABLE_DESC;
         if (t->n_parts == 0 || t->n_parts > PLE_MAX_PARTS || (uint64_t)(end - p) < (uint64_t)PART_DESC * t->n_parts)
-            return fail(err, "model description: table '%s' has a bad part count", t->name);
+            return ple_fail(err, "model description: table '%s' has a bad part count", t->name);
         uint64_t pos = 0;
         for (uint32_t k = 0; k < t->n_parts; k++, p += PART_DESC) {
             ple_part *q = &t->parts[k];
-            if (name_field(q->name, p, 16)) return fail(err, "model description: table '%s' part %u name", t->name, k);
+            if (name_field(q->name, p, 16)) return ple_fail(err, "model description: table '%s' part %u name", t->name, k);
             q->dtype = p[16];
             q->group = rd32(p + 20);
             q->length = rd32(p + 24);
@@ -295,36 +295,36 @@ static int parse_tables(ple_desc *d, const uint8_t *p, const uint8_t *end, char 
             int is_int = q->dtype == PLE_INT8 || q->dtype == PLE_INT4;
             if (q->dtype >= PLE_U1 || q->length == 0 || q->length > MAX_DIM || (is_int && q->group == 0) ||
                 (!is_int && q->group))
-                return fail(err, "model description: part '%s' of table '%s' has a bad encoding", q->name, t->name);
-            if (q->codes != pos) return fail(err, "table '%s': record layout is inconsistent", t->name);
+                return ple_fail(err, "model description: part '%s' of table '%s' has a bad encoding", q->name, t->name);
+            if (q->codes != pos) return ple_fail(err, "table '%s': record layout is inconsistent", t->name);
             pos += code_bytes(q->dtype, q->length);
-            if (q->scales != pos) return fail(err, "table '%s': record layout is inconsistent", t->name);
+            if (q->scales != pos) return ple_fail(err, "table '%s': record layout is inconsistent", t->name);
             pos += scale_bytes(q->dtype, q->group, q->length);
             for (uint32_t j = 0; j < k; j++)
-                if (!strcmp(t->parts[j].name, q->name)) return fail(err, "table '%s': part '%s' twice", t->name, q->name);
+                if (!strcmp(t->parts[j].name, q->name)) return ple_fail(err, "table '%s': part '%s' twice", t->name, q->name);
         }
         uint64_t stride = t->align > 1 ? (pos + t->align - 1) / t->align * t->align : pos;
         if (pos != t->record_bytes || t->align == 0 || stride != t->stride || pos > MAX_DIM)
-            return fail(err, "table '%s': record layout is inconsistent", t->name);
-        if (t->page && t->page < t->stride) return fail(err, "table '%s': record larger than its page", t->name);
+            return ple_fail(err, "table '%s': record layout is inconsistent", t->name);
+        if (t->page && t->page < t->stride) return ple_fail(err, "table '%s': record larger than its page", t->name);
         t->section = ple_find_section(d, t->name);
-        if (!t->section) return fail(err, "the file has no '%s' section for its row table", t->name);
+        if (!t->section) return ple_fail(err, "the file has no '%s' section for its row table", t->name);
         if (ple_row_offset(t, t->rows - 1) + t->stride != t->section->nbytes)
-            return fail(err, "section '%s' has %llu bytes, its records need %llu", t->name,
+            return ple_fail(err, "section '%s' has %llu bytes, its records need %llu", t->name,
                         (unsigned long long)t->section->nbytes,
                         (unsigned long long)(ple_row_offset(t, t->rows - 1) + t->stride));
-        if (t->page && t->section->offset % t->page) return fail(err, "table '%s' is not page aligned", t->name);
+        if (t->page && t->section->offset % t->page) return ple_fail(err, "table '%s' is not page aligned", t->name);
         for (uint32_t j = 0; j < i; j++)
-            if (!strcmp(d->tables[j].name, t->name)) return fail(err, "table '%s' appears twice", t->name);
+            if (!strcmp(d->tables[j].name, t->name)) return ple_fail(err, "table '%s' appears twice", t->name);
     }
-    if (p != end) return fail(err, "model description has %ld unexpected trailing bytes", (long)(end - p));
+    if (p != end) return ple_fail(err, "model description has %ld unexpected trailing bytes", (long)(end - p));
     return 0;
 }
 
 static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
     const uint8_t *end = p + n;
     if (n < MODEL_HEAD || memcmp(p, "PLEM", 4) || rd32(p + 4) != MODEL_HEAD)
-        return fail(err, "model description is invalid (bad magic or size)");
+        return ple_fail(err, "model description is invalid (bad magic or size)");
     uint32_t *fields[] = {&d->hidden, &d->layers, &d->heads, &d->kv_heads, &d->head_dim, &d->vocab, &d->max_seq,
                           &d->ffn_kind, &d->inter, &d->mask_count, &d->rank, &d->ple_dim, &d->ple_vocab,
                           &d->n_ple_layers, &d->gate, &d->flags, &d->n_tensors, &d->n_tables};
@@ -335,41 +335,41 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
     d->eps = (float)eps;
     d->theta = (float)theta;
     if (!(eps > 0 && eps < 1) || !(theta > 1 && theta < 1e12))
-        return fail(err, "model description: norm_eps or rope_theta out of range");
+        return ple_fail(err, "model description: norm_eps or rope_theta out of range");
     if (!d->hidden || !d->layers || !d->heads || !d->kv_heads || !d->head_dim || !d->vocab || !d->max_seq ||
         d->hidden > 65536 || d->layers > 1024 || d->heads > 1024 || d->head_dim > 4096 || d->vocab > MAX_DIM ||
         d->max_seq > MAX_DIM || d->heads % d->kv_heads || d->head_dim % 2 || d->inter == 0 || d->inter > MAX_DIM)
-        return fail(err, "model description: dimensions out of range");
+        return ple_fail(err, "model description: dimensions out of range");
     if (d->ffn_kind > PLE_LOWRANK || d->gate > PLE_GATE_VECTOR || d->flags > 15 ||
         (d->ffn_kind == PLE_MGLU && (d->mask_count == 0 || d->mask_count > 64)) ||
         (d->ffn_kind == PLE_LOWRANK && (d->rank == 0 || d->rank > MAX_DIM)))
-        return fail(err, "model description: unknown FFN, gate or flags");
+        return ple_fail(err, "model description: unknown FFN, gate or flags");
     if (d->ple_dim > 65536 || d->ple_vocab > MAX_DIM || d->n_ple_layers > d->layers ||
         (d->ple_dim == 0) != (d->n_ple_layers == 0) || (d->ple_dim && d->ple_vocab == 0))
-        return fail(err, "model description: PLE dimensions out of range");
+        return ple_fail(err, "model description: PLE dimensions out of range");
     uint64_t nl = d->n_ple_layers + d->n_ple_layers % 2;
-    if ((uint64_t)(end - p) < 4 * nl) return fail(err, "model description is truncated (PLE layers)");
+    if ((uint64_t)(end - p) < 4 * nl) return ple_fail(err, "model description is truncated (PLE layers)");
     d->ple_layers = malloc(sizeof(uint32_t) * (d->n_ple_layers + 1));
-    if (!d->ple_layers) return fail(err, "out of memory");
+    if (!d->ple_layers) return ple_fail(err, "out of memory");
     for (uint32_t i = 0; i < d->n_ple_layers; i++) {
         d->ple_layers[i] = rd32(p + 4 * i);
         if (d->ple_layers[i] >= d->layers || (i && d->ple_layers[i] <= d->ple_layers[i - 1]))
-            return fail(err, "model description: PLE layer list is invalid");
+            return ple_fail(err, "model description: PLE layer list is invalid");
     }
     p += 4 * nl;
     /* name suffixes: NUL-terminated strings, the block ending with a NUL so every offset reads a terminated one */
     uint64_t strings_padded = ((uint64_t)n_strings + 7) / 8 * 8;
     if (n_strings == 0 || n_strings > 65536 || strings_padded > (uint64_t)(end - p) || p[n_strings - 1] != 0)
-        return fail(err, "model description: the name table is invalid");
+        return ple_fail(err, "model description: the name table is invalid");
     const uint8_t *strings = p;
     p += strings_padded;
     if (d->n_tensors == 0 || d->n_tensors > (uint64_t)(end - p) / TENSOR_DESC)
-        return fail(err, "model description is truncated (tensors)");
-    if (d->n_tables == 0 || d->n_tables > PLE_MAX_TABLES) return fail(err, "model description: bad table count");
+        return ple_fail(err, "model description is truncated (tensors)");
+    if (d->n_tables == 0 || d->n_tables > PLE_MAX_TABLES) return ple_fail(err, "model description: bad table count");
     d->tensors = calloc(d->n_tensors, sizeof(ple_tensor));
-    if (!d->tensors) return fail(err, "out of memory");
+    if (!d->tensors) return ple_fail(err, "out of memory");
     const ple_section *ts = ple_find_section(d, "tensors");
-    if (!ts) return fail(err, "the file has no 'tensors' section");
+    if (!ts) return ple_fail(err, "the file has no 'tensors' section");
     for (uint32_t i = 0; i < d->n_tensors; i++, p += TENSOR_DESC) {
         ple_tensor *t = &d->tensors[i];
         uint32_t layer = p[0] | (uint32_t)p[1] << 8, suffix = p[2] | (uint32_t)p[3] << 8;
@@ -379,7 +379,7 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
         int printable = *sfx != 0;
         for (const char *c = sfx; *c && printable; c++) printable = *c > 0x20 && *c < 0x7f;
         if (!printable || len < 0 || len >= (int)sizeof t->name || (layer != NO_LAYER && layer >= d->layers))
-            return fail(err, "model description: tensor %u has an invalid name", i);
+            return ple_fail(err, "model description: tensor %u has an invalid name", i);
         t->dtype = p[4];
         t->ndim = p[5];
         t->group = rd32(p + 8);
@@ -387,25 +387,25 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
         t->scales = rd64(p + 36);
         int is_int = t->dtype == PLE_INT8 || t->dtype == PLE_INT4;
         if (t->dtype >= PLE_NDTYPES || t->ndim == 0 || t->ndim > 4 || (is_int && !t->group) || (!is_int && t->group))
-            return fail(err, "tensor %s: bad encoding", t->name);
+            return ple_fail(err, "tensor %s: bad encoding", t->name);
         t->numel = 1;
         for (int k = 0; k < 4; k++) {
             t->shape[k] = rd32(p + 12 + 4 * k);
             if ((k < t->ndim) != (t->shape[k] != 0) || t->shape[k] > MAX_DIM)
-                return fail(err, "tensor %s: bad shape", t->name);
+                return ple_fail(err, "tensor %s: bad shape", t->name);
             if (k < t->ndim) t->numel *= t->shape[k];
-            if (t->numel > ((uint64_t)1 << 36)) return fail(err, "tensor %s: bad shape", t->name);
+            if (t->numel > ((uint64_t)1 << 36)) return ple_fail(err, "tensor %s: bad shape", t->name);
         }
         t->codes_bytes = code_bytes(t->dtype, t->numel);
         t->scales_bytes = scale_bytes(t->dtype, t->group, t->numel);
         if (t->codes % 8 || t->scales % 8 || t->codes > ts->nbytes || t->codes_bytes > ts->nbytes - t->codes ||
             t->scales > ts->nbytes || t->scales_bytes > ts->nbytes - t->scales)
-            return fail(err, "tensor %s lies outside the tensors section", t->name);
+            return ple_fail(err, "tensor %s lies outside the tensors section", t->name);
         for (uint32_t k = 0; k < i; k++)
-            if (!strcmp(d->tensors[k].name, t->name)) return fail(err, "tensor %s appears twice", t->name);
+            if (!strcmp(d->tensors[k].name, t->name)) return ple_fail(err, "tensor %s appears twice", t->name);
     }
     uint64_t pad = (8 - (uint64_t)d->n_tensors * TENSOR_DESC % 8) % 8;
-    if ((uint64_t)(end - p) < pad) return fail(err, "model description is truncated (tables)");
+    if ((uint64_t)(end - p) < pad) return ple_fail(err, "model description is truncated (tables)");
     p += pad;
     return parse_tables(d, p, end, err);
 }
@@ -414,8 +414,8 @@ int ple_read_desc(ple_storage *st, ple_desc *d, char *err) {
     memset(d, 0, sizeof *d);
     if (read_header(st, d, err)) return -1;
     const ple_section *ms = ple_find_section(d, "model");
-    if (!ple_find_section(d, "meta")) return fail(err, "has no meta section");
-    if (!ms) return fail(err, "has no model section (required from format version 2)");
+    if (!ple_find_section(d, "meta")) return ple_fail(err, "has no meta section");
+    if (!ms) return ple_fail(err, "has no model section (required from format version 2)");
     uint8_t *buf = read_checked(st, ms, err);
     if (!buf) return -1;
     int rc = parse_model(d, buf, ms->nbytes, err);
@@ -453,28 +453,28 @@ int ple_verify(ple_storage *st, const ple_desc *d, int tables, char *err) {
         if (tables) /* the padding before this section is covered by the body crc */
             for (uint64_t off = pos; off < s->offset; off += CHUNK) {
                 size_t k = s->offset - off < CHUNK ? (size_t)(s->offset - off) : CHUNK;
-                if (st->read(st, off, buf, k)) return fail(err, "read error at offset %llu", (unsigned long long)off);
+                if (st->read(st, off, buf, k)) return ple_fail(err, "read error at offset %llu", (unsigned long long)off);
                 crc = ple_crc32(crc, buf, k);
             }
         sha256_ctx c;
         sha256_init(&c);
         for (uint64_t off = s->offset; off < s->offset + s->nbytes; off += CHUNK) {
             size_t k = s->offset + s->nbytes - off < CHUNK ? (size_t)(s->offset + s->nbytes - off) : CHUNK;
-            if (st->read(st, off, buf, k)) return fail(err, "read error at offset %llu", (unsigned long long)off);
+            if (st->read(st, off, buf, k)) return ple_fail(err, "read error at offset %llu", (unsigned long long)off);
             sha256_update(&c, buf, k);
             if (tables) crc = ple_crc32(crc, buf, k);
         }
         uint8_t sha[32];
         sha256_final(&c, sha);
-        if (memcmp(sha, s->sha256, 32)) return fail(err, "section '%s' fails its sha256 checksum (file corrupt)", s->name);
+        if (memcmp(sha, s->sha256, 32)) return ple_fail(err, "section '%s' fails its sha256 checksum (file corrupt)", s->name);
         pos = s->offset + s->nbytes;
     }
     if (!tables) return 0;
     for (uint64_t off = pos; off < d->file_bytes; off += CHUNK) {
         size_t k = d->file_bytes - off < CHUNK ? (size_t)(d->file_bytes - off) : CHUNK;
-        if (st->read(st, off, buf, k)) return fail(err, "read error at offset %llu", (unsigned long long)off);
+        if (st->read(st, off, buf, k)) return ple_fail(err, "read error at offset %llu", (unsigned long long)off);
         crc = ple_crc32(crc, buf, k);
     }
-    if (crc != d->body_crc) return fail(err, "whole-file crc32 mismatch (file corrupt)");
+    if (crc != d->body_crc) return ple_fail(err, "whole-file crc32 mismatch (file corrupt)");
     return 0;
 }

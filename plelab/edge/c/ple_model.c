@@ -12,7 +12,6 @@
 #include "ple.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,14 +63,6 @@ struct ple_model {
     double bytes[PLE_MAX_TIERS], reads[PLE_MAX_TIERS], dense_bytes[PLE_MAX_TIERS], dense_reads[PLE_MAX_TIERS];
     uint64_t tokens;
 };
-
-static int fail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, PLE_ERR, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* ---- scalar helpers --------------------------------------------------------------------------------- */
 
@@ -538,11 +529,11 @@ static int bind(ple_model *m, qmat *w, const placed *where, const char *name, in
     const ple_tensor *t = find_tensor(&m->d, name);
     uint32_t want[3] = {a, b, c};
     int ndim = c ? 3 : b ? 2 : 1;
-    if (!t) return fail(err, "the file lacks tensor %s this model needs", name);
+    if (!t) return ple_fail(err, "the file lacks tensor %s this model needs", name);
     int ok = t->ndim == ndim && (u1 ? t->dtype == PLE_U1 : t->dtype != PLE_U1);
     for (int k = 0; k < ndim && ok; k++) ok = t->shape[k] == want[k];
     if (ok && t->dtype == PLE_FP32 && (uintptr_t)where[t - m->d.tensors].codes % 4) ok = 0;
-    if (!ok) return fail(err, "tensor %s has the wrong shape or encoding for this model", name);
+    if (!ok) return ple_fail(err, "tensor %s has the wrong shape or encoding for this model", name);
     w->dtype = t->dtype;
     w->group = t->group;
     w->rows = ndim == 1 ? 1 : (uint32_t)(t->numel / t->shape[ndim - 1]);
@@ -615,9 +606,9 @@ static int bind_layers(ple_model *m, const placed *pl, char *err) {
 /* ---- tables -------------------------------------------------------------------------------------------- */
 
 static int check_part(const ple_table *t, const ple_part *p, uint32_t length, char *err) {
-    if (!p || p->length != length) return fail(err, "row table '%s' lacks a part of %u values", t->name, length);
+    if (!p || p->length != length) return ple_fail(err, "row table '%s' lacks a part of %u values", t->name, length);
     if (p->dtype == PLE_FP32 && (p->codes % 4 || t->stride % 4))
-        return fail(err, "row table '%s': fp32 records must be 4-byte aligned (re-export with --align 4)", t->name);
+        return ple_fail(err, "row table '%s': fp32 records must be 4-byte aligned (re-export with --align 4)", t->name);
     return 0;
 }
 
@@ -627,24 +618,24 @@ static int check_tables(ple_model *m, char *err) {
     m->embed_t = ple_find_table(d, "embed");
     for (uint32_t i = 0; i < d->n_tables; i++)
         if (&d->tables[i] != m->ple_t && &d->tables[i] != m->embed_t)
-            return fail(err, "unknown row table '%s'", d->tables[i].name);
+            return ple_fail(err, "unknown row table '%s'", d->tables[i].name);
     if (d->n_ple_layers) {
-        if (!m->ple_t || m->ple_t->rows != d->ple_vocab) return fail(err, "the file lacks the PLE table this model needs");
+        if (!m->ple_t || m->ple_t->rows != d->ple_vocab) return ple_fail(err, "the file lacks the PLE table this model needs");
         m->ple_p = ple_find_part(m->ple_t, "ple");
         if (check_part(m->ple_t, m->ple_p, d->n_ple_layers * d->ple_dim, err)) return -1;
         m->embed_in_ple = ple_find_part(m->ple_t, "embed");
         if (m->embed_in_ple && (check_part(m->ple_t, m->embed_in_ple, d->hidden, err) || m->ple_t->rows != d->vocab))
-            return fail(err, "PLE records carry an embedding row but not one per token id");
+            return ple_fail(err, "PLE records carry an embedding row but not one per token id");
     } else if (m->ple_t) {
-        return fail(err, "the file has a PLE table but the model has no PLE layers");
+        return ple_fail(err, "the file has a PLE table but the model has no PLE layers");
     }
     if (m->embed_t) {
         m->embed_p = ple_find_part(m->embed_t, "embed");
         if (m->embed_t->rows != d->vocab || check_part(m->embed_t, m->embed_p, d->hidden, err))
-            return fail(err, "the embedding table does not match the vocabulary and hidden size");
+            return ple_fail(err, "the embedding table does not match the vocabulary and hidden size");
     }
-    if ((d->flags & PLE_TIE) && !m->embed_t) return fail(err, "a tied head needs the embed table");
-    if (!m->embed_t && !m->embed_in_ple) return fail(err, "the file has no embedding rows");
+    if ((d->flags & PLE_TIE) && !m->embed_t) return ple_fail(err, "a tied head needs the embed table");
+    if (!m->embed_t && !m->embed_in_ple) return ple_fail(err, "the file has no embedding rows");
     return 0;
 }
 
@@ -664,7 +655,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
     const ple_desc *d = &m->d;
     uint32_t n = d->n_tensors + 3, count = 0;
     item *its = calloc(n, sizeof(item));
-    if (!its) return fail(err, "out of memory");
+    if (!its) return ple_fail(err, "out of memory");
     if (m->ple_t)
         its[count++] = (item){"table:ple", m->ple_t->section->nbytes, m->ple_t->record_bytes, 1, 0, -1, 1.0};
     if (m->embed_t) {
@@ -698,7 +689,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         uint64_t need = d->file_bytes - (tok ? tok->nbytes : 0);
         if (need > dev->tiers[storage].capacity) {
             free(its);
-            return fail(err, "the model does not fit %s: the file needs %llu bytes of %s, it has %llu", dev->name,
+            return ple_fail(err, "the model does not fit %s: the file needs %llu bytes of %s, it has %llu", dev->name,
                         (unsigned long long)need, dev->tiers[storage].name,
                         (unsigned long long)dev->tiers[storage].capacity);
         }
@@ -706,7 +697,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         uint32_t *idx = malloc(sizeof(uint32_t) * count);
         if (!idx) {
             free(its);
-            return fail(err, "out of memory");
+            return ple_fail(err, "out of memory");
         }
         uint32_t nres = 0;
         for (uint32_t i = 0; i < count; i++) {
@@ -738,7 +729,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         }
         free(idx);
         if (first) {
-            int rc = fail(err, "the model does not fit %s: %s and %llu more bytes of weights + KV cache find no room "
+            int rc = ple_fail(err, "the model does not fit %s: %s and %llu more bytes of weights + KV cache find no room "
                                "in RAM (see plelab plan)", dev->name, first, (unsigned long long)missing);
             free(its);
             return rc;
@@ -791,7 +782,7 @@ const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row) {
 int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err) {
     *out = NULL;
     ple_model *m = calloc(1, sizeof *m);
-    if (!m) return fail(err, "out of memory");
+    if (!m) return ple_fail(err, "out of memory");
     m->st = st;
     m->opt = *opt;
     placed *pl = NULL;
@@ -827,14 +818,14 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     uint64_t recs = (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
     m->arena_bytes = weight_arena + up64(m->kv_bytes) + scratch + recs;
     if ((opt->max_arena && m->arena_bytes > opt->max_arena) || m->arena_bytes > ((uint64_t)1 << 40) || (uint64_t)(size_t)(m->arena_bytes + ALIGN) != m->arena_bytes + ALIGN) {
-        fail(err, "the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
+        ple_fail(err, "the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
         goto fail;
     }
     m->L = calloc(d->layers, sizeof(layer_w));
     pl = calloc(d->n_tensors, sizeof(placed));
     m->arena_raw = calloc(1, (size_t)(m->arena_bytes + ALIGN));
     if (!m->L || !pl || !m->arena_raw) {
-        fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
+        ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
         goto fail;
     }
     m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
@@ -871,7 +862,7 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         m->head = (qmat){m->embed_p->dtype, m->embed_p->group, d->vocab, d->hidden, rows + m->embed_p->codes,
                          rows + m->embed_p->scales, m->embed_t, 1};
         if (m->embed_p->dtype == PLE_FP32 && (uintptr_t)rows % 4) {
-            fail(err, "the embedding table is not 4-byte aligned");
+            ple_fail(err, "the embedding table is not 4-byte aligned");
             goto fail;
         }
     }
@@ -902,7 +893,7 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     *out = m;
     return 0;
 read_error:
-    fail(err, "cannot read the model's weights from storage");
+    ple_fail(err, "cannot read the model's weights from storage");
 fail:
     free(pl);
     ple_close(m);
