@@ -34,7 +34,8 @@ def _permutation(n: int, generator: torch.Generator, device: torch.device) -> to
     return torch.randperm(n, generator=generator).to(device)
 
 
-def _injection_hook(mode: str, generator: torch.Generator):
+def injection_hook(mode: str, generator: torch.Generator):
+    """A forward hook replacing a PLE injection: zeros (`zero`) or a shuffle across positions (`shuffle`)."""
     def hook(module, args, output):
         if mode == "zero":
             return torch.zeros_like(output)
@@ -44,7 +45,8 @@ def _injection_hook(mode: str, generator: torch.Generator):
     return hook
 
 
-def _table_hook(slots: list[int], num_slots: int, generator: torch.Generator):
+def table_hook(slots: list[int], num_slots: int, generator: torch.Generator):
+    """A forward hook shuffling the looked-up PLE rows of `slots` across positions."""
     def hook(module, args, output):
         rows = output.reshape(-1, num_slots, output.shape[-1] // num_slots).clone()
         perm = _permutation(rows.shape[0], generator, rows.device)
@@ -63,10 +65,10 @@ def ple_ablated(model: nn.Module, layers: Iterable[int], mode: str = "zero", see
     generator = torch.Generator().manual_seed(seed)
     if mode == "table":
         inputs = bare.per_layer_inputs
-        hook = _table_hook([bare.ple_slot[i] for i in layers], inputs.num_layers, generator)
+        hook = table_hook([bare.ple_slot[i] for i in layers], inputs.num_layers, generator)
         handles = [inputs.embed_tokens_per_layer.register_forward_hook(hook)]
     else:
-        handles = [bare.layers[i].ple.register_forward_hook(_injection_hook(mode, generator)) for i in layers]
+        handles = [bare.layers[i].ple.register_forward_hook(injection_hook(mode, generator)) for i in layers]
     try:
         yield
     finally:
@@ -90,24 +92,26 @@ def batch_losses(model: nn.Module, batches: list) -> list[tuple[float, int]]:
         bare.train(was_training)
 
 
-def _pooled(losses: list[tuple[float, int]]) -> float:
+def pooled_loss(losses: list[tuple[float, int]]) -> float:
+    """Token-weighted mean of (mean loss, token count) pairs."""
     return sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
 
 
-def _compare(full: list[tuple[float, int]], ablated: list[tuple[float, int]]) -> dict[str, float]:
+def compare_losses(full: list[tuple[float, int]], ablated: list[tuple[float, int]]) -> dict[str, float]:
+    """Mean paired loss change (ablated - full) over the batches, its standard error and the losses."""
     diffs = [a - f for (a, _), (f, _) in zip(ablated, full, strict=True)]
     n = len(diffs)
     mean = sum(diffs) / n
     se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
-    loss = _pooled(ablated)
-    return {"loss": loss, "delta": loss - _pooled(full), "se": se}
+    loss = pooled_loss(ablated)
+    return {"loss": loss, "delta": loss - pooled_loss(full), "se": se}
 
 
 def _measure(model: nn.Module, batches: list, full: list, layers: list[int], modes: Iterable[str], seed: int) -> dict:
     out: dict = {}
     for mode in modes:
         with ple_ablated(model, layers, mode, seed):
-            out[mode] = _compare(full, batch_losses(model, batches))
+            out[mode] = compare_losses(full, batch_losses(model, batches))
     primary = min(out, key=lambda m: out[m]["delta"])
     out["delta"] = out[primary]["delta"]
     out["se"] = out[primary]["se"]
@@ -137,7 +141,7 @@ def ablation_study(
     modes = tuple(modes)
     full = batch_losses(bare, data)
     return {
-        "loss_full": _pooled(full),
+        "loss_full": pooled_loss(full),
         "n_batches": len(data),
         "n_tokens": sum(n for _, n in full),
         "modes": list(modes),

@@ -67,7 +67,8 @@ def _one_backward_grad_ratios(model: nn.Module, batch: tuple) -> dict | None:
             p.grad = None
 
 
-def _layer_record(i: int, probe: dict, abl: dict | None, table: dict, grads: dict | None) -> dict:
+def layer_record(i: int, probe: dict, abl: dict | None, table: dict, grads: dict | None) -> dict:
+    """One layer's report row: probes, ablation, table health and its verdict."""
     views = {name: view["layers"][i] for name, view in table.get("views", {}).items() if view.get("available")}
     judged = V.layer_verdict(probe, abl, views)
     rec = {"layer": i, **judged, **probe}
@@ -134,7 +135,7 @@ def diagnose_model(
         report["notes"].append("one evaluation batch: no noise estimate, so the noise band is taken as 0")
     grads = _one_backward_grad_ratios(bare, labelled[0]) if with_grads and labelled else None
     table = table_health(bare, token_ids, init_table, top_k, freq_source, init_note)
-    recs = [_layer_record(i, probes[i], abl["layers"][i] if abl else None, table, grads) for i in layers]
+    recs = [layer_record(i, probes[i], abl["layers"][i] if abl else None, table, grads) for i in layers]
     overall = V.overall_verdict([r["verdict"] for r in recs], abl["all"] if abl else None)
     if abl:
         overall.update(loss_full=abl["loss_full"], ablation_delta_loss=abl["all"]["delta"],

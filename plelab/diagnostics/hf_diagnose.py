@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from plelab.diagnostics import verdict as V
-from plelab.diagnostics.ablation import ABLATION_MODES, _compare, _injection_hook, _pooled, _table_hook
+from plelab.diagnostics.ablation import ABLATION_MODES, compare_losses, injection_hook, pooled_loss, table_hook
 from plelab.diagnostics.batches import token_frequencies, top_tokens
 from plelab.diagnostics.data_sources import DiagnosticDataError
-from plelab.diagnostics.diagnose import DEFINITIONS, THRESHOLDS, _layer_record, jsonable
+from plelab.diagnostics.diagnose import DEFINITIONS, THRESHOLDS, jsonable, layer_record
 from plelab.diagnostics.gates import GATE_NEAR_ZERO, GateAccumulator
 from plelab.diagnostics.table_health import BASELINE_SEED, DEFAULT_TOP_K, compare_to_random
 from plelab.diagnostics.table_health import DEFINITIONS as TABLE_DEFINITIONS
@@ -51,9 +51,9 @@ def hf_ple_ablated(model: HFTextModel, layers: Iterable[int], mode: str, seed: i
         raise ValueError(f"ablation mode must be one of {ABLATION_MODES}, got {mode!r}")
     generator = torch.Generator().manual_seed(seed)
     if mode == "table":
-        handles = [model.table.register_forward_hook(_table_hook(list(layers), model.ckpt.num_layers, generator))]
+        handles = [model.table.register_forward_hook(table_hook(list(layers), model.ckpt.num_layers, generator))]
     else:
-        hook = _injection_hook(mode, generator)
+        hook = injection_hook(mode, generator)
         handles = [model.layers[i].post_per_layer_input_norm.register_forward_hook(hook) for i in layers]
     try:
         yield
@@ -111,7 +111,7 @@ def hf_probe_layers(model: HFTextModel, batches: list, layers: list[int]) -> dic
 
 
 def _summary(full: list, ablated: dict[str, list], idx: list[int]) -> dict:
-    out = {m: _compare([full[i] for i in idx], [a[i] for i in idx]) for m, a in ablated.items()}
+    out = {m: compare_losses([full[i] for i in idx], [a[i] for i in idx]) for m, a in ablated.items()}
     primary = min(out, key=lambda m: out[m]["delta"])
     out.update(delta=out[primary]["delta"], se=out[primary]["se"], primary_mode=primary)
     return out
@@ -131,7 +131,7 @@ def hf_ablation(model: HFTextModel, batches: list, domains: list[str], layers: l
                 per_mode[mode] = hf_batch_losses(model, batches)
         return per_mode
 
-    result = {"loss_full": _pooled(full), "n_batches": len(batches), "n_tokens": sum(n for _, n in full),
+    result = {"loss_full": pooled_loss(full), "n_batches": len(batches), "n_tokens": sum(n for _, n in full),
               "modes": list(modes), "layers": {i: _summary(full, run([i]), everything) for i in layers}}
     all_off = run(layers)
     result["all"] = _summary(full, all_off, everything)
@@ -140,7 +140,7 @@ def hf_ablation(model: HFTextModel, batches: list, domains: list[str], layers: l
         idx = [k for k, d in enumerate(domains) if d == name]
         s = _summary(full, all_off, idx)
         verdict, reason = V.ablation_verdict(s["delta"], s["se"])
-        result["domains"][name] = {"batches": len(idx), "loss_full": _pooled([full[k] for k in idx]),
+        result["domains"][name] = {"batches": len(idx), "loss_full": pooled_loss([full[k] for k in idx]),
                                    **s, "noise": V.noise_of(s["se"]), "verdict": verdict, "reason": reason}
     return result
 
@@ -209,7 +209,7 @@ def diagnose_hf(model: HFTextModel, batches: list | None = None, domains: list[s
     if abl and abl["n_batches"] < 2:
         report["notes"].append("one evaluation batch: no noise estimate, so the noise band is taken as 0")
     table = hf_table_health(model, layers, token_ids, top_k, freq_source)
-    recs = [_layer_record(i, probes[i], abl["layers"][i] if abl else None, table, None) for i in layers]
+    recs = [layer_record(i, probes[i], abl["layers"][i] if abl else None, table, None) for i in layers]
     overall = V.overall_verdict([r["verdict"] for r in recs], abl["all"] if abl else None)
     if abl:
         overall.update(loss_full=abl["loss_full"], ablation_delta_loss=abl["all"]["delta"],
