@@ -66,6 +66,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def auxiliary_losses(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Weighted auxiliary losses the last training forward left on submodules, by name.
+
+    A module that has a training objective of its own (a mixture-of-experts router's balance loss, a visual
+    model's patch-id prediction) sets `self.aux_losses = {name: weighted scalar}` in its forward; the trainer
+    adds their sum to the loss it differentiates and logs each one, so `loss` itself stays comparable.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for module in model.modules():
+        for name, value in (getattr(module, "aux_losses", None) or {}).items():
+            out[name] = out[name] + value if name in out else value
+    return out
+
+
 class Trainer:
     """Runs one training job into `run_dir`; `run()` returns the final metrics.
 
@@ -111,14 +125,11 @@ class Trainer:
             if removed:
                 self.log_line(f"removed {len(removed)} leftover(s) of an interrupted run: "
                               + ", ".join(p.name for p in removed))
-            self.data = TrainingData(cfg, self.device)
-            if self.world.distributed:  # this rank's share of every global batch
-                self.data.loader = BatchLoader(self.data.dataset, cfg.batch_size // self.world.size, cfg.context,
-                                               seed=cfg.seed, rank=self.world.rank, world_size=self.world.size)
+            self.data = self.build_data(cfg)
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
-            self.model = LanguageModel(model_config_for(cfg), device=self.device)
+            self.model = self.build_model(cfg)
             # The module a step calls: the model itself, or DDP / FSDP2 over it with the PLE table sharded.
             self.train_model = self.parallel.wrap(self.model, bf16=self.precision.name == "bf16")
             self.optimizer = Optimizer(self.model, cfg, fused=fused_adamw(self.device))
@@ -132,6 +143,20 @@ class Trainer:
         except BaseException:
             self.close()
             raise
+
+    def build_data(self, cfg: TrainConfig) -> TrainingData:
+        """The batch source (`next_batch() -> (inputs, targets)`, state_dict/load_state_dict); a subclass
+        training another kind of model (e.g. plelab.vision) returns its own."""
+        data = TrainingData(cfg, self.device)
+        if self.world.distributed:  # this rank's share of every global batch
+            data.loader = BatchLoader(data.dataset, cfg.batch_size // self.world.size, cfg.context,
+                                      seed=cfg.seed, rank=self.world.rank, world_size=self.world.size)
+        return data
+
+    def build_model(self, cfg: TrainConfig) -> torch.nn.Module:
+        """The model, initialised from the global RNG just seeded; `forward(inputs, targets, return_logits=False)`
+        must return (_, loss). A subclass returns its own."""
+        return LanguageModel(model_config_for(cfg), device=self.device)
 
     def close(self) -> None:
         """Release the run directory (done by `run()`; call it when a Trainer is built but not run)."""
@@ -283,15 +308,22 @@ class Trainer:
         self.optimizer.set_lr(lr)
         self.model.train()
         total = 0.0
+        aux_totals: dict[str, float] = {}
         for i in range(cfg.grad_accum):
             x, y = self.data.next_batch()
             with self.parallel.grad_sync(last=i == cfg.grad_accum - 1):
                 with self.precision.autocast(self.device):
                     _, loss = self.train_model(x, y, return_logits=False)
-                (loss / cfg.grad_accum).backward()
+                    aux = auxiliary_losses(self.model)
+                objective = loss + sum(aux.values()) if aux else loss
+                (objective / cfg.grad_accum).backward()
             total += float(loss.detach()) / cfg.grad_accum
+            for name, value in aux.items():
+                aux_totals[name] = aux_totals.get(name, 0.0) + float(value.detach()) / cfg.grad_accum
         total = self.parallel.mean(total)
+        # "loss" stays the language-model loss (comparable across variants); auxiliary terms are logged apart.
         metrics: dict[str, Any] = {"step": self.step + 1, "loss": total, "lr": lr, "dtype": self.precision.name}
+        metrics.update({name: self.parallel.mean(v) for name, v in aux_totals.items()})
         if not math.isfinite(total):
             self.optimizer.zero_grad()
             return None
