@@ -10,8 +10,10 @@ from plelab.util.dataclass_config import ConfigError
 
 # The one list of each kind of variant: config validation, the module registries (ffn.py, ple.py),
 # parameter accounting and the edge runtime all take their names from here.
-FFNKind = Literal["swiglu", "mglu", "lowrank"]
+FFNKind = Literal["swiglu", "mglu", "lowrank", "moe", "pruned"]
 FFN_KINDS: tuple[str, ...] = get_args(FFNKind)
+PruneImportance = Literal["magnitude", "taylor"]
+PRUNE_IMPORTANCES: tuple[str, ...] = get_args(PruneImportance)
 PLEGate = Literal["input", "scalar", "vector"]
 PLE_GATES: tuple[str, ...] = get_args(PLEGate)
 KernelsSetting = Literal["auto", "on", "off"]
@@ -28,23 +30,79 @@ class FFNConfig:
 
     kind: FFNKind = "swiglu"
     """swiglu: separate gate/up; mglu: one shared matrix split by learned 1-bit masks;
-    lowrank: gate and up each factorised."""
+    lowrank: gate and up each factorised; moe: top-k routed SwiGLU experts (plelab/model/moe.py);
+    pruned: a SwiGLU whose units are removed during training down to prune_to (plelab/model/pruning.py)."""
     intermediate_size: int = 128
-    """FFN width (the gate/up output size)."""
+    """FFN width (the gate/up output size); for pruned, the width training starts at."""
     mask_count: int = 1
     """MGLU only: number n_m of binary masks summed (the seed's negative result is n_m = 1)."""
     rank: int = 0
     """lowrank only: rank r of each of the gate and up factorisations (H x r then r x F)."""
+    num_experts: int = 8
+    """moe only: routed experts E."""
+    top_k: int = 2
+    """moe only: experts each token is sent to (1 <= top_k <= num_experts)."""
+    expert_size: int = 0
+    """moe only: SwiGLU width of each expert (and of the shared expert); 0 = intermediate_size."""
+    shared_expert: bool = False
+    """moe only: add one always-on SwiGLU expert of expert_size that every token passes through."""
+    router_aux_weight: float = 0.01
+    """moe only: weight of the load-balancing loss E * sum_i f_i * P_i (Switch / OLMoE; 1 for a uniform router)."""
+    router_z_weight: float = 0.001
+    """moe only: weight of the router z-loss mean(logsumexp(router logits)^2)."""
+    capacity_factor: float = 0.0
+    """moe only: 0 = dropless; c > 0 = each expert takes at most ceil(c * T * top_k / E) of a batch's T tokens,
+    first come (batch order) first served, and the assignments beyond that are dropped (they add nothing)."""
+    prune_to: int = 0
+    """pruned only: final width, 0 < prune_to < intermediate_size; what ships and what the counts report."""
+    prune_start: float = 0.25
+    """pruned only: fraction of max_steps at which unit removal starts."""
+    prune_end: float = 0.75
+    """pruned only: fraction of max_steps by which exactly prune_to units are left (removal is linear between)."""
+    prune_importance: PruneImportance = "magnitude"
+    """pruned only: unit score. magnitude: |gate row| * |up row| * |down column| (L2 norms); taylor: first-order
+    estimate of the loss change on removing the unit, |sum over tokens of h_j * dL/dh_j| per micro-batch,
+    accumulated with a decay of 0.9 per step (h_j: the unit's silu(gate) * up)."""
 
     def __post_init__(self) -> None:
+        if self.kind not in FFN_KINDS:
+            raise ConfigError(f"ffn.kind must be one of {', '.join(FFN_KINDS)}, got {self.kind!r}")
         if self.intermediate_size <= 0:
             raise ConfigError(f"ffn.intermediate_size must be > 0, got {self.intermediate_size}")
         if self.kind == "mglu" and self.mask_count < 1:
             raise ConfigError(f"ffn.mask_count must be >= 1 for mglu, got {self.mask_count}")
         if self.kind == "lowrank" and self.rank <= 0:
             raise ConfigError("ffn.rank must be > 0 for the lowrank FFN (e.g. --set ffn.rank=64)")
-        if self.kind not in FFN_KINDS:
-            raise ConfigError(f"ffn.kind must be one of {', '.join(FFN_KINDS)}, got {self.kind!r}")
+        self._check_moe()
+        self._check_pruning()
+
+    def _check_moe(self) -> None:
+        if self.num_experts < 1:
+            raise ConfigError(f"ffn.num_experts must be >= 1, got {self.num_experts}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ConfigError(f"ffn.top_k must lie in 1..num_experts={self.num_experts}, got {self.top_k}")
+        if self.expert_size < 0:
+            raise ConfigError(f"ffn.expert_size must be >= 0 (0 = intermediate_size), got {self.expert_size}")
+        for name in ("router_aux_weight", "router_z_weight", "capacity_factor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"ffn.{name} must be a finite number >= 0, got {value}")
+
+    def _check_pruning(self) -> None:
+        if self.kind == "pruned" and not 0 < self.prune_to < self.intermediate_size:
+            raise ConfigError(f"ffn.prune_to must lie in 1..intermediate_size-1 = {self.intermediate_size - 1} "
+                              f"for the pruned FFN, got {self.prune_to}")
+        if not 0 <= self.prune_start < self.prune_end <= 1:
+            raise ConfigError(f"ffn.prune_start < ffn.prune_end must both lie in [0, 1], "
+                              f"got {self.prune_start} and {self.prune_end}")
+        if self.prune_importance not in PRUNE_IMPORTANCES:
+            raise ConfigError(f"ffn.prune_importance must be one of {', '.join(PRUNE_IMPORTANCES)}, "
+                              f"got {self.prune_importance!r}")
+
+    @property
+    def expert_width(self) -> int:
+        """Width of each MoE expert (expert_size, or intermediate_size when 0)."""
+        return self.expert_size or self.intermediate_size
 
 
 @dataclass

@@ -6,9 +6,14 @@
   pass, with a straight-through (identity) gradient in the backward pass.
 - Low-rank SwiGLU: gate and up each factorised H -> r -> F, kept separate (the alternative the
   MGLU post-mortem suggests), down stays full.
+- Mixture of experts: top-k routed SwiGLU experts (plelab/model/moe.py).
+- Pruned SwiGLU: a SwiGLU whose intermediate units carry a 0/1 `alive` mask that training drives down to
+  `prune_to` units (plelab/model/pruning.py scores, removes and exports them as a plain SwiGLU).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -16,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plelab.model.config import FFNConfig
+from plelab.model.moe import MoE
 
 # Every variant takes (hidden, cfg, std, out_std): input-side weights ~ N(0, std), the projection back
 # into the residual stream ~ N(0, out_std) (the model passes std / sqrt(2L), as GPT-2 does).
@@ -135,9 +141,51 @@ class LowRankSwiGLU(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-# Keyed by plelab.model.config.FFN_KINDS (tests/model/test_ffn.py builds and counts every kind).
-_FFN_CLASSES: dict[str, type[SwiGLU | MGLU | LowRankSwiGLU]] = {
-    "swiglu": SwiGLU, "mglu": MGLU, "lowrank": LowRankSwiGLU,
+class PrunedSwiGLU(SwiGLU):
+    """SwiGLU of intermediate_size units, each multiplied by a persistent 0/1 `alive` flag after gate * up.
+
+    The flags live in the state dict (so in checkpoints); `plelab.training.ffn_callbacks.PruningSchedule`
+    clears them on a schedule and `plelab.model.pruning.export_pruned` keeps only the live units. Counts
+    report the shipped width prune_to; training pays for intermediate_size until the units are removed.
+    """
+
+    def __init__(self, hidden: int, cfg: FFNConfig, std: float = 0.02, out_std: float | None = None):
+        super().__init__(hidden, cfg, std, out_std)
+        self.register_buffer("alive", torch.ones(cfg.intermediate_size))
+        # prune_importance = "taylor": the training forward accumulates |sum_tokens h_j * dL/dh_j| here (a buffer,
+        # so checkpoints carry it and a resumed run prunes the same units).
+        taylor = cfg.prune_importance == "taylor"
+        self.register_buffer("taylor_score", torch.zeros(cfg.intermediate_size) if taylor else None)
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """SwiGLU's initialisation, with every unit alive (and no Taylor score yet)."""
+        super().reset_parameters(generator)
+        if hasattr(self, "alive"):  # SwiGLU.__init__ initialises before the buffers are registered
+            self.alive.fill_(1.0)
+            if self.taylor_score is not None:
+                self.taylor_score.zero_()
+
+    @staticmethod
+    def param_count(hidden: int, cfg: FFNConfig) -> dict[str, int]:
+        """{"ffn": weights of the exported prune_to-wide SwiGLU, "ffn_mask": 0} of one block."""
+        return {"ffn": 3 * hidden * cfg.prune_to, "ffn_mask": 0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        if self.taylor_score is not None and self.training and h.requires_grad:
+            h.register_hook(self._taylor_hook(h.detach()))
+        return self.down_proj(h * self.alive.to(h.dtype))
+
+    def _taylor_hook(self, h: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        def accumulate(grad: torch.Tensor) -> None:
+            self.taylor_score.add_((h * grad).flatten(0, -2).sum(dim=0).abs().float())
+
+        return accumulate
+
+
+# Keyed by plelab.model.config.FFN_KINDS (tests/model/test_ffn.py and test_params.py build and count every kind).
+_FFN_CLASSES: dict[str, type[SwiGLU | MGLU | LowRankSwiGLU | MoE]] = {
+    "swiglu": SwiGLU, "mglu": MGLU, "lowrank": LowRankSwiGLU, "moe": MoE, "pruned": PrunedSwiGLU,
 }
 
 
@@ -147,5 +195,17 @@ def build_ffn(hidden: int, cfg: FFNConfig, std: float = 0.02, out_std: float | N
 
 
 def ffn_param_count(hidden: int, cfg: FFNConfig) -> dict[str, int]:
-    """Analytic parameter count of one FFN: {"ffn": weights, "ffn_mask": MGLU mask logits}."""
+    """Analytic parameter count of one FFN as shipped: {"ffn": weights, "ffn_mask": MGLU mask logits}.
+
+    MoE: all experts (`MoE.active_param_count` gives those a token touches); pruned: the final prune_to-wide
+    SwiGLU (`ffn_training_param_count` gives the width trained before the units are removed).
+    """
     return _FFN_CLASSES[cfg.kind].param_count(hidden, cfg)
+
+
+def ffn_training_param_count(hidden: int, cfg: FFNConfig) -> int:
+    """Parameters of one FFN module as built for training (pruned: at intermediate_size, before any removal)."""
+    if cfg.kind == "pruned":
+        return SwiGLU.param_count(hidden, cfg)["ffn"]
+    return sum(ffn_param_count(hidden, cfg).values())
+

@@ -6,12 +6,14 @@ from collections.abc import Callable
 
 from plelab.training.callbacks import Callback
 from plelab.training.config import TrainConfig
+from plelab.training.ffn_callbacks import PruningSchedule, RouterStats
 from plelab.training.loggers import optional_loggers
 from plelab.training.standard_callbacks import Checkpointer, Evaluator, ProgressPrinter, SpeedMonitor
 
 
 def callbacks_for(cfg: TrainConfig, note: Callable[[str], None] = print) -> list[Callback]:
-    """Speed, progress, evaluation and checkpoints, then TensorBoard / W&B / PLE monitor when `cfg` asks.
+    """Speed, progress, evaluation and checkpoints, then TensorBoard / W&B / PLE monitor / MoE router statistics /
+    pruning schedule when `cfg` asks.
 
     `note` receives one line per requested logger that cannot be used (not installed).
     """
@@ -24,4 +26,8 @@ def callbacks_for(cfg: TrainConfig, note: Callable[[str], None] = print) -> list
         from plelab.diagnostics.monitor import PLEMonitor
 
         callbacks.append(PLEMonitor(every=cfg.diagnostics_every, early_fraction=cfg.early_warning_fraction))
+    if cfg.model.ffn.kind == "moe":
+        callbacks.append(RouterStats())
+    if cfg.model.ffn.kind == "pruned":
+        callbacks.append(PruningSchedule())
     return callbacks

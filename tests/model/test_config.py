@@ -20,7 +20,7 @@ def test_every_field_has_a_docstring():
         (["ple.dim=-1"], "ple.dim"),
         (["num_kv_heads=3"], "num_kv_heads"),
         (["ple.layers=[7]"], "ple.layers"),
-        (["ffn.kind=moe"], "ffn.kind"),
+        (["ffn.kind=dense"], "ffn.kind"),
         (["kernels=fast"], "kernels"),
         (["ple.gate=sigmoid"], "ple.gate"),
         (["hidden_sise=3"], "unknown config key"),
