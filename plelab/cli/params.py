@@ -1,4 +1,5 @@
-"""`plelab params`: exact parameter counts by part, computed analytically (no weights allocated)."""
+"""`plelab params`: exact parameter counts by part and per-token costs, computed analytically (no weights
+allocated), and FFN widths matched to a reference model's budget."""
 
 from __future__ import annotations
 
@@ -6,6 +7,17 @@ import argparse
 
 from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
+from plelab.model.budget import (
+    EXPORT_DTYPES,
+    FREE_WIDTH,
+    active_flops,
+    active_params_per_token,
+    budget_value,
+    inference_bytes,
+    match_ffn,
+    with_width,
+)
+from plelab.model.config import ModelConfig
 from plelab.model.params import count_params, sweep_ple, with_ple_dim
 from plelab.model.presets import PRESETS, load_model_config
 from plelab.util.dataclass_config import ConfigError
@@ -21,6 +33,8 @@ PART_LABELS = {
     "ple_model_projection": "PLE model projection + norm",
     "ple_per_layer": "PLE per-layer gate + projection + norm",
 }
+# --match-ffn choice -> plelab.model.budget budget name
+MATCH_BUDGETS = {"params": "ffn_params", "inference-bytes": "inference_bytes", "active-flops": "active_flops"}
 
 
 def add_parser(sub) -> None:
@@ -30,14 +44,28 @@ def add_parser(sub) -> None:
         "plelab params seed-3b --sweep-ple 0,64,128,256,512\n"
         "  plelab params esp32-28m --json\n"
         "  plelab params seed-3b --set hidden_size=2048 --set num_layers=30 --set ple.vocab_size=262144 "
-        "--ple-dim 256",
+        "--ple-dim 256\n"
+        "  plelab params small-ple --set ffn.kind=mglu --match-ffn inference-bytes --export-dtype int4\n"
+        "  plelab params small-ple --set ffn.kind=moe --set ffn.shared_expert=true --match-ffn active-flops "
+        "--reference-set ffn.intermediate_size=512",
         run,
     )
     p.add_argument("model", help=f"preset ({', '.join(PRESETS)}) or a TOML/YAML/JSON model config file")
     p.add_argument("--ple-dim", type=options.nonneg_int, help="set dP (PLE width) before counting")
-    p.add_argument("--sweep-ple", metavar="D1,D2,...", help="print the seed-style table over these dP values")
-    p.add_argument("--suggest-ple", action="store_true",
-                   help="print the dP range the dead-zone law predicts for this hidden size, with its evidence")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--sweep-ple", metavar="D1,D2,...", help="print the seed-style table over these dP values")
+    mode.add_argument("--suggest-ple", action="store_true",
+                      help="print the dP range the dead-zone law predicts for this hidden size, with its evidence")
+    mode.add_argument("--match-ffn", choices=list(MATCH_BUDGETS),
+                      help="solve the FFN's free width (intermediate_size; rank for lowrank, expert_size for moe, "
+                           "prune_to for pruned) so the model's FFN params, inference bytes per token or active "
+                           "FLOPs per token come as close as possible to the reference's without exceeding them "
+                           "(an error when no width comes within 10 %% of it)")
+    p.add_argument("--reference-set", dest="reference_overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="--match-ffn's reference: MODEL with these overrides only (not --set / --ple-dim); "
+                        "default MODEL itself (repeatable)")
+    p.add_argument("--export-dtype", choices=EXPORT_DTYPES, default="fp16",
+                   help="weight encoding of the edge export that inference bytes are counted at (default fp16)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_set_flag(p)
 
@@ -63,11 +91,44 @@ def _suggest(model: str, hidden: int, as_json: bool) -> int:
     return 0
 
 
+def _match(args: argparse.Namespace, cfg: ModelConfig) -> int:
+    """Solve the FFN width for one budget and print it with the solved and reference values."""
+    budget, dtype = MATCH_BUDGETS[args.match_ffn], args.export_dtype
+    reference = load_model_config(args.model, args.reference_overrides)
+    matched = match_ffn(cfg, reference, budget, dtype)
+    field = FREE_WIDTH[cfg.ffn.kind]
+    width = getattr(matched.ffn, field)
+    value, target = budget_value(matched, budget, dtype), budget_value(reference, budget, dtype)
+    # pruned: prune_to must stay below intermediate_size, so there may be no next width to show
+    allowed = cfg.ffn.kind != "pruned" or width + 1 < cfg.ffn.intermediate_size
+    next_value = budget_value(with_width(matched, width + 1), budget, dtype) if allowed else None
+    result = {"model": args.model, "ffn_kind": cfg.ffn.kind, "budget": budget, "export_dtype": dtype,
+              "field": f"ffn.{field}", "width": width, "value": value, "reference_value": target,
+              "next_value": next_value, "set": f"ffn.{field}={width}"}
+    if args.json:
+        print_json(result)
+        return 0
+    unit = f" ({dtype} export)" if budget == "inference_bytes" else ""
+    print(f"{args.model}: ffn={cfg.ffn.kind} matched to the reference's {budget.replace('_', ' ')}{unit}")
+    print(f"  {'solved width':<28} ffn.{field} = {width}   (use --set ffn.{field}={width})")
+    print(f"  {'value':<28} {value:>16,}  ({100 * value / target:.2f} % of the reference)")
+    print(f"  {'reference value':<28} {target:>16,}")
+    if next_value is not None:
+        print(f"  {f'at {field} = {width + 1}':<28} {next_value:>16,}  (over the reference)")
+    else:
+        print("  prune_to is at its limit, intermediate_size - 1 (raise ffn.intermediate_size to go wider)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    """Print the breakdown (or the dP sweep table)."""
+    """Print the breakdown (or the dP sweep table, or a matched FFN width)."""
+    if args.reference_overrides and not args.match_ffn:
+        raise ConfigError("--reference-set only applies with --match-ffn")
     cfg = load_model_config(args.model, args.overrides)
     if args.ple_dim is not None:
         cfg = with_ple_dim(cfg, args.ple_dim)
+    if args.match_ffn:
+        return _match(args, cfg)
     if args.suggest_ple:
         return _suggest(args.model, cfg.hidden_size, args.json)
     if args.sweep_ple:
@@ -87,9 +148,12 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0
     c = count_params(cfg)
+    per_token = {"active_params_per_token": active_params_per_token(cfg),
+                 "inference_bytes": inference_bytes(cfg, args.export_dtype), "active_flops": active_flops(cfg)}
     if args.json:
         print_json({"model": args.model, "ple_dim": cfg.ple.dim, **c,
-                    "pct_of_base": 100.0 * c["ple_added"] / c["base_total"]})
+                    "pct_of_base": 100.0 * c["ple_added"] / c["base_total"], **per_token,
+                    "export_dtype": args.export_dtype})
         return 0
     print(f"{args.model}: V={cfg.vocab_size:,} H={cfg.hidden_size} L={cfg.num_layers} heads={cfg.num_heads}/"
           f"{cfg.kv_heads} ffn={cfg.ffn.kind}:{cfg.ffn.intermediate_size} dP={cfg.ple.dim}")
@@ -103,4 +167,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {'rest (not PLE table, not main embedding)':<42} {c['rest']:>16,}")
         print(f"  PLE table share of total: {100 * c['ple_table'] / c['total']:.1f} %; "
               f"of PLE added: {100 * c['ple_table'] / c['ple_added']:.1f} %")
+    print("per decoded token:")
+    print(f"  {'active parameters':<42} {per_token['active_params_per_token']:>16,}")
+    print(f"  {f'weight bytes read ({args.export_dtype} export)':<42} {per_token['inference_bytes']:>16,}")
+    print(f"  {'matmul FLOPs (attention scores apart)':<42} {per_token['active_flops']:>16,}")
     return 0

@@ -8,6 +8,9 @@ What is stored how:
     matrices (2-D weights)       the chosen encoding, grouped over the flattened matrix
     vectors (norms, gates)       fp32 for an fp32 export, else fp16 (tiny, and quantising them hurts)
     MGLU mask logits             their binarised masks (logit > 0) at 1 bit each
+    MoE experts                  the stacked (E, ...) gate/up/down split into one tensor per expert
+                                 (`mlp.experts.{e}.gate_proj` ...), so a token reads only its routed experts
+    pruned FFN                   exported as the plain SwiGLU of width prune_to (plelab.model.pruning)
 The layout depends only on the config and the options, so `layout_for_config` sizes a model (for the
 planner) without any weights.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from plelab import __version__
 from plelab.edge.format import Layout, Part, Table, TensorEntry, write_ple
 from plelab.edge.quant import DTYPES, Encoding, quantize
 from plelab.errors import PlelabError
-from plelab.model.config import ModelConfig
+from plelab.model.config import FFNConfig, ModelConfig
 from plelab.model.presets import PRESETS, load_model_config
 from plelab.model.transformer import LanguageModel
 from plelab.util.dataclass_config import to_dict
@@ -38,6 +42,7 @@ from plelab.util.dataclass_config import to_dict
 PLE_TABLE = "per_layer_inputs.embed_tokens_per_layer.weight"
 EMBED = "embed_tokens.weight"
 _CHUNK_VALUES = 1 << 22  # values per streamed table chunk (16 MB of float32)
+_EXPERT_STACK = re.compile(r"(.*\.mlp\.)(gate_proj|up_proj|down_proj)")  # MoE's (E, ...) stacks: no `.weight`
 
 
 class ExportError(PlelabError):
@@ -87,11 +92,50 @@ def derived(cfg: ModelConfig) -> dict[str, Any]:
             "ple_vocab_size": cfg.ple_vocab_size if cfg.ple.dim else 0}
 
 
+def shipped_config(cfg: ModelConfig) -> ModelConfig:
+    """The config a .ple file describes: a pruned FFN ships as the plain SwiGLU of width prune_to."""
+    if cfg.ffn.kind != "pruned":
+        return cfg
+    return dataclasses.replace(cfg, ffn=FFNConfig(kind="swiglu", intermediate_size=cfg.ffn.prune_to))
+
+
+def file_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict as the file stores it: each MoE expert stack (E, ...) split into E per-expert tensors."""
+    out = {}
+    for name, value in state.items():
+        hit = _EXPERT_STACK.fullmatch(name)
+        if hit and value.ndim == 3:
+            out.update((f"{hit[1]}experts.{e}.{hit[2]}", value[e]) for e in range(value.shape[0]))
+        else:
+            out[name] = value
+    return out
+
+
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter, from a model built on the meta device (no memory)."""
+    """Name -> shape of every tensor of the file, from a model built on the meta device (no memory)."""
     with torch.device("meta"):
-        model = LanguageModel(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        model = LanguageModel(shipped_config(cfg))
+    return {k: tuple(v.shape) for k, v in file_tensors(model.state_dict()).items()}
+
+
+def ship_model(model: LanguageModel) -> tuple[LanguageModel, dict[str, Any]]:
+    """(the model as exported, provenance to record): a pruned model becomes its dense prune_to SwiGLU."""
+    cfg = model.config
+    if cfg.ffn.kind != "pruned":
+        return model, {}
+    from plelab.model.pruning import PruningError, export_pruned
+
+    try:
+        dense_cfg, state = export_pruned(model, cfg)
+    except PruningError as exc:
+        raise ExportError(str(exc)) from exc
+    with torch.device("meta"):
+        dense = LanguageModel(dense_cfg)
+    dense.load_state_dict(state, assign=True)
+    dense.rope_cos, dense.rope_sin = LanguageModel.rope_buffers(dense_cfg, "cpu")
+    origin = {"kind": "pruned", "intermediate_size": cfg.ffn.intermediate_size, "prune_to": cfg.ffn.prune_to,
+              "prune_importance": cfg.ffn.prune_importance}
+    return dense.eval(), {"ffn_origin": origin}
 
 
 def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str, Any] | None = None,
@@ -102,6 +146,7 @@ def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str
     `tokenizer` describes an embedded tokenizer section ({"encoding": "zlib", "bytes": n, "sha256": ...});
     `shapes` (parameter name -> shape) saves building a meta model when a real one is at hand.
     """
+    cfg = shipped_config(cfg)
     shapes = dict(shapes) if shapes is not None else parameter_shapes(cfg)
     if cfg.ple_layers:  # from the config: a model from `random_model` holds a one-row stand-in table
         shapes[PLE_TABLE] = (cfg.ple_vocab_size, len(cfg.ple_layers) * cfg.ple.dim)
@@ -138,7 +183,7 @@ def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str
 def layout_for_model(model: LanguageModel, opts: ExportOptions, tokenizer: dict[str, Any] | None = None,
                      source: dict[str, Any] | None = None) -> Layout:
     """`layout_for_config` for a model at hand (its parameter shapes, no meta model needed)."""
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes = {k: tuple(v.shape) for k, v in file_tensors(model.state_dict()).items()}
     return layout_for_config(model.config, opts, tokenizer, source, shapes)
 
 
@@ -163,7 +208,8 @@ def export_model(
         tok_blob = zlib.compress(tokenizer_json.encode("utf-8"), 9)
         tok = {"encoding": "zlib", "bytes": len(tok_blob),
                "sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()}
-    layout = layout_for_model(model, opts, tok, {"plelab": __version__, **(source or {})})
+    model, origin = ship_model(model)
+    layout = layout_for_model(model, opts, tok, {"plelab": __version__, **origin, **(source or {})})
     sections = model_sections(model, layout, opts.scale_search, ple_rows)
     if tok_blob:
         sections["tokenizer"] = [tok_blob]
@@ -173,7 +219,7 @@ def export_model(
 def model_sections(model: LanguageModel, layout: Layout, search: bool = True,
                    ple_rows: Callable[[int, int], np.ndarray] | None = None) -> dict[str, Iterator]:
     """Lazily encoded bytes of the `tensors` section and of every row table, for `write_ple`."""
-    params = dict(model.state_dict())
+    params = file_tensors(model.state_dict())
     if ple_rows is None and PLE_TABLE in params:
         table = params[PLE_TABLE]
         ple_rows = lambda a, b: _as_numpy(table[a:b])  # noqa: E731
@@ -266,7 +312,7 @@ def export_source(src: str, out: str | Path, opts: ExportOptions, overrides: lis
         except UnicodeDecodeError as exc:
             raise ExportError(f"{tok} is not UTF-8 text (corrupt?); pass --no-tokenizer to export without it") from exc
         return export_model(model, out, opts, text, {"checkpoint": str(model.checkpoint_dir)})
-    cfg = load_model_config(src, overrides)
+    cfg = shipped_config(load_model_config(src, overrides))  # random weights: no pruning to replay
     model, rows = random_model(cfg, seed)
     kind = "preset" if src in PRESETS else "config"
     return export_model(model, out, opts, None, {kind: src, "weights": f"random (seed {seed})"}, rows)

@@ -56,9 +56,9 @@ _LAYER_NAME = re.compile(r"layers\.(\d+)\.(.+)")
 TABLE_DESC = struct.Struct("<16sQ6I")  # name, rows, record_bytes, stride, align, page, parts, 0
 PART_DESC = struct.Struct("<16sBBHIIIII")  # name, dtype, 0, 0, group, length, codes, scales, 0
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "u1": 4}
-FFN_CODES = {"swiglu": 0, "mglu": 1, "lowrank": 2}
+FFN_CODES = {"swiglu": 0, "mglu": 1, "lowrank": 2, "moe": 3}
 GATE_CODES = {"input": 0, "scalar": 1, "vector": 2}
-FLAG_TIE, FLAG_EMBED_SCALE, FLAG_PLE_CONTEXT, FLAG_PLE_OUTPUT_NORM = 1, 2, 4, 8
+FLAG_TIE, FLAG_EMBED_SCALE, FLAG_PLE_CONTEXT, FLAG_PLE_OUTPUT_NORM, FLAG_SHARED_EXPERT = 1, 2, 4, 8, 16
 SECTION_ALIGN = 64  # every section starts on a 64-byte boundary (cache line; mmap-friendly)
 TENSOR_ALIGN = 8  # every codes / scales block inside `tensors` starts on an 8-byte boundary
 VERIFY_MODES = ("full", "core", "none")
@@ -301,6 +301,10 @@ class Layout:
         ffn, ple = m["ffn"], m["ple"]
         flags = (FLAG_TIE * bool(m["tie_embeddings"]) | FLAG_EMBED_SCALE * bool(m["embed_scale"])
                  | FLAG_PLE_CONTEXT * bool(ple["context"]) | FLAG_PLE_OUTPUT_NORM * bool(ple["output_norm"]))
+        width, kind_a, kind_b = ffn["intermediate_size"], ffn.get("mask_count", 1), ffn.get("rank", 0)
+        if ffn["kind"] == "moe":  # the two kind fields hold E and k; the width is each expert's
+            width, kind_a, kind_b = ffn.get("expert_size") or width, ffn["num_experts"], ffn["top_k"]
+            flags |= FLAG_SHARED_EXPERT * bool(ffn.get("shared_expert"))
         layers = list(d["ple_layers"])
         names, offsets = [], {}
         for t in self.tensors:
@@ -312,9 +316,8 @@ class Layout:
         try:
             head = MODEL_HEAD.pack(MODEL_MAGIC, MODEL_HEAD.size, m["hidden_size"], m["num_layers"], m["num_heads"],
                                    d["kv_heads"], d["head_dim"], m["vocab_size"], m["max_seq_len"],
-                                   FFN_CODES[ffn["kind"]], ffn["intermediate_size"], ffn.get("mask_count", 1),
-                                   ffn.get("rank", 0), ple["dim"], d["ple_vocab_size"], len(layers),
-                                   GATE_CODES[ple["gate"]], flags, len(self.tensors), len(self.tables),
+                                   FFN_CODES[ffn["kind"]], width, kind_a, kind_b, ple["dim"], d["ple_vocab_size"],
+                                   len(layers), GATE_CODES[ple["gate"]], flags, len(self.tensors), len(self.tables),
                                    len(strings), 0, m["norm_eps"], m["rope_theta"])
             entries = []
             for t, (layer, suffix) in zip(self.tensors, names, strict=True):
@@ -548,6 +551,11 @@ class PleFile:
         codes = np.frombuffer(self._pread(t.codes_bytes, base + t.codes), np.uint8).reshape(t.vectors, -1)
         scales = np.frombuffer(self._pread(t.scales_bytes, base + t.scales), "<f2").reshape(t.vectors, -1)
         return dequantize(codes, scales, t.enc, t.vector).reshape(t.shape)
+
+    def read_codes(self, name: str) -> np.ndarray:
+        """Tensor `name`'s stored codes block as flat uint8 (a u1 mask stays packed, 8 values per byte)."""
+        t = self.layout.tensor(name)
+        return np.frombuffer(self._pread(t.codes_bytes, self.layout.section("tensors").offset + t.codes), np.uint8)
 
     def read_record(self, table: Table, row: int) -> dict[str, np.ndarray]:
         """Decoded parts of record `row`: one contiguous mmap read of `table.record_bytes`."""

@@ -3,6 +3,8 @@
 Items and how a token uses them:
     row tables (PLE records, an untied embedding)  stay in storage; one record read per token each
     dense tensors and a tied head (embedding table)  loaded into RAM; read whole once per token
+    MoE expert tensors                               loaded into RAM; read by the tokens routed to them
+                                                     (top_k / num_experts of the tokens, on average)
     KV cache                                         RAM; at context c, 2 x layers reads of c positions
 Resident items go to the fastest RAM tier with room, first-fit decreasing by traffic density (bytes
 read per token / bytes stored; the KV cache counts 1/2, its average over a full context), then size.
@@ -26,6 +28,7 @@ from plelab.util.dataclass_config import ConfigError, read_file
 
 DEFAULT_DEVICES = Path(__file__).with_name("devices.toml")
 KV_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+ROUTED = ".mlp.experts."  # in the name of every MoE expert tensor (plelab.edge.export.file_tensors)
 
 
 class PlanError(PlelabError):
@@ -180,26 +183,36 @@ def items(layout: Layout, context: int, kv_dtype: str) -> list[Item]:
                             embed.nbytes + row, 1 + (row > 0), resident=True))
         else:
             out.append(Item("table:embed", "main embedding rows", embed.nbytes, row, 1 if row else 0, resident=False))
+    share = routed_share(layout)
     for t in layout.tensors:
-        out.append(Item(t.name, f"{t.enc.dtype} {'x'.join(map(str, t.shape))}", t.nbytes, t.nbytes, 1, resident=True))
+        f = share if ROUTED in t.name else 1.0
+        out.append(Item(t.name, f"{t.enc.dtype} {'x'.join(map(str, t.shape))}", t.nbytes, t.nbytes * f, f,
+                        resident=True, density=f))
     kv = 2 * m["num_layers"] * d["kv_heads"] * d["head_dim"] * KV_BYTES[kv_dtype]
     out.append(Item("kv_cache", f"KV cache, {kv_dtype}, {context} positions", kv * context, kv * context,
                     2 * m["num_layers"], resident=True, density=0.5))
     return out
 
 
+def routed_share(layout: Layout) -> float:
+    """Fraction of tokens that read one MoE expert, top_k / num_experts (1 for the other FFN kinds)."""
+    ffn = layout.model["ffn"]
+    return ffn["top_k"] / ffn["num_experts"] if ffn["kind"] == "moe" else 1.0
+
+
 def flops_per_token(layout: Layout, context: int) -> int:
     """Matmul FLOPs of one token at position `context` (2 per multiply-add; norms and activations ignored)."""
     m, d = layout.model, layout.derived
     n_masks = m["ffn"].get("mask_count", 1) if m["ffn"]["kind"] == "mglu" else 1
-    flops = 0
+    share = routed_share(layout)
+    flops = 0.0
     for t in layout.tensors:
         if len(t.shape) == 2:
-            flops += 2 * t.numel * (2 * n_masks if t.name.endswith("mlp.weight") else 1)
+            flops += 2 * t.numel * (2 * n_masks if t.name.endswith("mlp.weight") else share if ROUTED in t.name else 1)
     if m["tie_embeddings"]:
         flops += 2 * m["vocab_size"] * m["hidden_size"]
     flops += m["num_layers"] * 4 * m["num_heads"] * d["head_dim"] * context
-    return flops
+    return round(flops)
 
 
 def plan(layout: Layout, device: Device, context: int | None = None, kv_dtype: str = "fp16") -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """NumPy runtime for .ple files: the exact PLE forward pass with a KV cache, rows streamed from the file.
 
-The dense core (and a tied output head) is dequantised into memory once; the PLE table and, when it is
-not resident, the main embedding stay in the memory-mapped file and only the records of the tokens
-actually seen are touched (one contiguous read each). Every read is counted per memory tier: records
-really read from the file, and the dense reads a device would make (from the planner's placement when
-one is given). Mirrors plelab/model/{transformer,ple,ffn,norm}.py operation for operation in float32,
-so an fp32 export reproduces the PyTorch logits; imports no torch.
+The dense core (and a tied output head) is dequantised into memory once; MGLU masks stay packed at 1 bit
+and are applied a block of rows at a time, and MoE experts are read only by the tokens routed to them. The
+PLE table and, when it is not resident, the main embedding stay in the memory-mapped file and only the
+records of the tokens actually seen are touched (one contiguous read each). Every read is counted per
+memory tier: records really read from the file, and the dense reads a device would make (from the
+planner's placement when one is given). Mirrors plelab/model/{transformer,ple,ffn,moe,norm}.py operation
+for operation in float32, so an fp32 export reproduces the PyTorch logits; imports no torch.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from plelab.edge.format import PleFile
 from plelab.errors import PlelabError
 from plelab.inference.generate import check_fits, generate_ids
 from plelab.inference.sampling import Sampling
-from plelab.model.config import FFN_KINDS
 from plelab.model.config import PLE_GATES as GATES
 
 HOST_TIERS = {"rows": "file", "dense": "ram"}
+# FFN kinds a file can hold (a pruned FFN is exported as the swiglu it becomes)
+FFN_KINDS = ("swiglu", "mglu", "lowrank", "moe")
+SWIGLU = ("gate_proj", "up_proj", "down_proj")
 PREFILL_CHUNK = 32  # prompt tokens per forward call during prefill
+MGLU_BLOCK = 1 << 16  # mask elements unpacked at a time (a 64 KB bool block: cache-sized, not matrix-sized)
 
 
 class EdgeRuntimeError(PlelabError):
@@ -45,10 +49,22 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * np.float32(0.5) * (np.float32(1) + np.tanh(x * np.float32(0.5)))
 
 
+def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """down(silu(gate x) * up x), weights in nn.Linear layout."""
+    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (torch's approximate='tanh')."""
     c = np.float32(math.sqrt(2.0 / math.pi))
     return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def unpack_bits(packed: np.ndarray, start: int, count: int) -> np.ndarray:
+    """Bits start..start+count-1 of an MSB-first packed array (np.packbits order) as booleans."""
+    lo = start // 8
+    raw = np.unpackbits(packed[lo : (start + count + 7) // 8])
+    return raw[start - 8 * lo : start - 8 * lo + count].view(bool)
 
 
 def rope(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
@@ -131,7 +147,9 @@ class EdgeModel:
         missing = [n for n in self._required() if n not in {t.name for t in lay.tensors}]
         if missing:
             raise EdgeRuntimeError(f"{path} lacks tensors this model needs: {', '.join(missing[:3])}")
-        self.w = {t.name: self.file.read_tensor(t.name) for t in lay.tensors}
+        # MGLU masks stay packed (1 bit per element): _mglu applies them block by block, never W*m whole.
+        self.w = {t.name: self.file.read_codes(t.name) if t.enc.dtype == "u1" else self.file.read_tensor(t.name)
+                  for t in lay.tensors}
         self.ple_table = lay.table("ple")
         self.embed_table = lay.table("embed")
         if (self.ple_layers and self.ple_table is None) or (m["tie_embeddings"] and self.embed_table is None):
@@ -140,25 +158,41 @@ class EdgeModel:
         self.embed_in_record = self.ple_table is not None and self.ple_table.part("embed") is not None
         self.head = (self.file.read_table(self.embed_table, "embed") if m["tie_embeddings"]
                      else self.w["lm_head.weight"])
-        if self.ffn_kind == "mglu":
-            self._split_mglu()
+        self._check_ffn(path)
         self.placement = placement
         self.traffic = Traffic()
-        self._dense_bytes = {t.name: t.nbytes for t in lay.tensors}
+        # Routed experts are counted when a token reaches them (_moe), every other tensor on every token.
+        self._stored_bytes = {t.name: t.nbytes for t in lay.tensors}
         if m["tie_embeddings"]:
-            self._dense_bytes["table:embed"] = self.embed_table.nbytes
+            self._stored_bytes["table:embed"] = self.embed_table.nbytes
+        self._dense = [n for n in self._stored_bytes if ".mlp.experts." not in n]
+
+    def _ffn_tensors(self) -> dict[str, tuple[int, ...]]:
+        """Name (after `layers.{i}.mlp.`) -> shape of one layer's FFN tensors."""
+        ffn, H = self.cfg["ffn"], self.H
+        F = ffn["intermediate_size"]
+        if self.ffn_kind == "moe":
+            F = ffn.get("expert_size") or F
+            shapes = dict(zip(SWIGLU, ((F, H), (F, H), (H, F)), strict=True))
+            out = {"router.weight": (ffn["num_experts"], H)}
+            out.update((f"experts.{e}.{n}", s) for e in range(ffn["num_experts"]) for n, s in shapes.items())
+            out.update((f"shared_{n}", s) for n, s in shapes.items() if ffn.get("shared_expert"))
+            return out
+        if self.ffn_kind == "mglu":
+            return {"weight": (F, H), "mask_logits": (ffn["mask_count"], F, H), "down_proj.weight": (H, F)}
+        if self.ffn_kind == "lowrank":
+            r = ffn["rank"]
+            return {"gate_proj_a.weight": (r, H), "gate_proj_b.weight": (F, r), "up_proj_a.weight": (r, H),
+                    "up_proj_b.weight": (F, r), "down_proj.weight": (H, F)}
+        return {"gate_proj.weight": (F, H), "up_proj.weight": (F, H), "down_proj.weight": (H, F)}
 
     def _required(self) -> list[str]:
         """Dense tensors the forward pass reads (a file without them cannot be run)."""
-        ffn = {"swiglu": ["gate_proj", "up_proj", "down_proj"], "mglu": ["down_proj"],
-               "lowrank": ["gate_proj_a", "gate_proj_b", "up_proj_a", "up_proj_b", "down_proj"]}[self.ffn_kind]
         names = ["norm.weight"] + ([] if self.cfg["tie_embeddings"] else ["lm_head.weight"])
         for i in range(self.n_layers):
             p = f"layers.{i}."
             names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-            names += [f"{p}self_attn.{n}_proj.weight" for n in "qkvo"] + [f"{p}mlp.{n}.weight" for n in ffn]
-            if self.ffn_kind == "mglu":
-                names += [p + "mlp.weight", p + "mlp.mask_logits"]
+            names += [f"{p}self_attn.{n}_proj.weight" for n in "qkvo"] + [p + "mlp." + n for n in self._ffn_tensors()]
             if i in self.slot:
                 gate = "per_layer_input_gate.weight" if self.ple["gate"] == "input" else "gate"
                 names += [p + "ple." + gate, p + "ple.per_layer_projection.weight"]
@@ -168,13 +202,18 @@ class EdgeModel:
                       "per_layer_inputs.per_layer_projection_norm.weight"]
         return names
 
-    def _split_mglu(self) -> None:
-        """Precompute each mask's gate (W*m) and up (W*(1-m)) matrices once."""
+    def _check_ffn(self, path: str | Path) -> None:
+        """FFN tensors of the shapes the config implies, MGLU masks u1 with zero pad bits: else one clear line."""
+        shapes = self._ffn_tensors()
         for i in range(self.n_layers):
-            p = f"layers.{i}.mlp."
-            w, masks = self.w[p + "weight"], self.w[p + "mask_logits"]
-            self.w[p + "gates"] = [w * mk for mk in masks]
-            self.w[p + "ups"] = [w * (1 - mk) for mk in masks]
+            for suffix, want in shapes.items():
+                t = self.file.layout.tensor(f"layers.{i}.mlp.{suffix}")
+                if tuple(t.shape) != want or (t.enc.dtype == "u1") != (suffix == "mask_logits"):
+                    raise EdgeRuntimeError(f"{path}: {t.name} is {t.enc.dtype} {list(t.shape)}, the model's "
+                                           f"{self.ffn_kind} FFN needs {list(want)}")
+                pad = -t.numel % 8 if t.enc.dtype == "u1" else 0
+                if pad and self.w[t.name][-1] & ((1 << pad) - 1):
+                    raise EdgeRuntimeError(f"{path}: layer {i}'s MGLU mask has bits set past its end (corrupt mask)")
 
     # --- accounting -------------------------------------------------------------------------------------------
 
@@ -186,21 +225,24 @@ class EdgeModel:
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes of dequantised weights held in memory (the dense core plus a tied head)."""
+        """Bytes of weights held in memory (the dequantised dense core, MGLU masks packed, plus a tied head)."""
         extra = self.head.nbytes if self.cfg["tie_embeddings"] else 0
-        return sum(v.nbytes if isinstance(v, np.ndarray) else sum(a.nbytes for a in v) for v in self.w.values()) + extra
+        return sum(v.nbytes for v in self.w.values()) + extra
 
     def _count_token(self, pos: int) -> None:
         """Count one token's reads of the dense weights and the KV cache (the row reads are counted as made)."""
         t = self.traffic
         t.tokens += 1
-        for name, nbytes in self._dense_bytes.items():
-            dense_tier = self.tier(name, "dense")
-            if self.placement is None:  # host: what this runtime really reads, the float32 copy
-                nbytes = self.head.nbytes if name == "table:embed" else self.w[name].nbytes
-            t.add(dense_tier, nbytes)
+        for name in self._dense:
+            t.add(self.tier(name, "dense"), self._read_bytes(name))
         kv_bytes = 2 * self.n_layers * self.n_kv * self.head_dim * (pos + 1) * self.kv_value_bytes
         t.add(self.tier("kv_cache", "dense"), kv_bytes, 2 * self.n_layers)
+
+    def _read_bytes(self, name: str) -> int:
+        """Bytes one read of dense item `name` moves: as stored on a device, the resident copy on the host."""
+        if self.placement is not None:
+            return self._stored_bytes[name]
+        return self.head.nbytes if name == "table:embed" else self.w[name].nbytes
 
     # --- forward ------------------------------------------------------------------------------------------
 
@@ -286,17 +328,59 @@ class EdgeModel:
         return y
 
     def _ffn(self, x: np.ndarray, p: str) -> np.ndarray:
-        """The FFN variant of the file: SwiGLU, MGLU (precomputed masked matrices) or low-rank SwiGLU."""
+        """The FFN variant of the file: SwiGLU, MGLU (masks applied from their bits), low-rank SwiGLU or MoE."""
         w = self.w
         if self.ffn_kind == "swiglu":
-            gate, up = x @ w[p + "gate_proj.weight"].T, x @ w[p + "up_proj.weight"].T
-            return (silu(gate) * up) @ w[p + "down_proj.weight"].T
+            return swiglu(x, *(w[f"{p}{n}.weight"] for n in SWIGLU))
+        if self.ffn_kind == "moe":
+            return self._moe(x, p)
         if self.ffn_kind == "lowrank":
             gate = (x @ w[p + "gate_proj_a.weight"].T) @ w[p + "gate_proj_b.weight"].T
             up = (x @ w[p + "up_proj_a.weight"].T) @ w[p + "up_proj_b.weight"].T
             return (silu(gate) * up) @ w[p + "down_proj.weight"].T
-        out = sum(silu(x @ g.T) * (x @ u.T) for g, u in zip(w[p + "gates"], w[p + "ups"], strict=True))
-        return out @ w[p + "down_proj.weight"].T
+        return self._mglu(x, p) @ w[p + "down_proj.weight"].T
+
+    def _moe(self, x: np.ndarray, p: str) -> np.ndarray:
+        """Router softmax, top-k renormalised weights, and only the routed experts run (and are counted read)."""
+        ffn = self.cfg["ffn"]
+        logits = x @ self.w[p + "router.weight"].T
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, : ffn["top_k"]]
+        weights = np.take_along_axis(probs, top, -1)
+        weights /= weights.sum(-1, keepdims=True)
+        out = np.zeros_like(x)
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)  # each token reaches expert e at most once
+            names = [f"{p}experts.{e}.{n}" for n in SWIGLU]
+            out[rows] += weights[rows, slot, None] * swiglu(x[rows], *(self.w[n] for n in names))
+            for n in names:
+                self.traffic.add(self.tier(n, "dense"), len(rows) * self._read_bytes(n), len(rows))
+        if ffn.get("shared_expert"):
+            out += swiglu(x, *(self.w[f"{p}shared_{n}"] for n in SWIGLU))
+        return out
+
+    def _mglu(self, x: np.ndarray, p: str) -> np.ndarray:
+        """sum_k silu(gate_k) * up_k with gate_k = (W*m_k) x and up_k = W x - gate_k: one pass over W.
+
+        The packed mask bits are unpacked one block of rows at a time, so neither W*m nor a whole unpacked
+        mask is ever held: memory and the bytes read per token are W once plus n_m bits per element.
+        """
+        w, bits = self.w[p + "weight"], self.w[p + "mask_logits"]
+        n_rows, cols = w.shape
+        out = np.empty((len(x), n_rows), np.float32)
+        step = max(1, MGLU_BLOCK // cols)
+        for a in range(0, n_rows, step):
+            b = min(n_rows, a + step)
+            block = w[a:b]
+            total = x @ block.T
+            acc = np.zeros_like(total)
+            for k in range(self.cfg["ffn"]["mask_count"]):
+                mask = unpack_bits(bits, (k * n_rows + a) * cols, (b - a) * cols).reshape(b - a, cols)
+                gate = x @ np.where(mask, block, np.float32(0)).T
+                acc += silu(gate) * (total - gate)
+            out[:, a:b] = acc
+        return out
 
     def _attention(self, x: np.ndarray, layer: int, pos: np.ndarray, cache: KVCache) -> np.ndarray:
         """Causal grouped-query attention over the cache plus the new positions."""
@@ -348,4 +432,10 @@ class EdgeModel:
     def close(self) -> None:
         """Release the file."""
         self.file.close()
+
+    def __enter__(self) -> EdgeModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 

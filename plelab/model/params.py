@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from plelab.model.config import ModelConfig
+from plelab.model.config import FFNConfig, ModelConfig
 from plelab.model.ffn import ffn_param_count
 from plelab.model.ple import gate_shape, ple_param_count
 
@@ -35,20 +35,23 @@ def layer_param_count(cfg: ModelConfig, layer: int) -> dict[str, int]:
     """Attention, FFN and norm parameters of one decoder layer (PLE apart)."""
     H, heads = cfg.hidden_size, cfg.num_heads
     kv_heads, D = cfg.attention_shape(layer)
-    ffn_cfg = cfg.ffn
+    ffn = ffn_param_count(H, layer_ffn_config(cfg, layer))
     if cfg.arch != "gemma4":
-        ffn = ffn_param_count(H, ffn_cfg)
         return {"attention": 2 * H * heads * D + 2 * H * kv_heads * D, "ffn": ffn["ffn"],
                 "ffn_mask": ffn["ffn_mask"], "norms": 2 * H}
     g = cfg.gemma4
     owns_kv = cfg.kv_source(layer) == layer
     # Values are the keys on full layers with attention_k_eq_v; KV-shared layers have neither (nor k_norm).
     kv_mats = (0 if not owns_kv else 1 if g.attention_k_eq_v and cfg.layer_types[layer] == "full_attention" else 2)
-    if g.double_wide_mlp and not owns_kv:
-        ffn_cfg = dataclasses.replace(ffn_cfg, intermediate_size=2 * ffn_cfg.intermediate_size)
-    ffn = ffn_param_count(H, ffn_cfg)
     return {"attention": 2 * H * heads * D + kv_mats * H * kv_heads * D, "ffn": ffn["ffn"],
             "ffn_mask": ffn["ffn_mask"], "norms": 4 * H + D * (2 if owns_kv else 1)}
+
+
+def layer_ffn_config(cfg: ModelConfig, layer: int) -> FFNConfig:
+    """The FFN config of one layer: cfg.ffn, twice as wide on Gemma 4's KV-shared layers with double_wide_mlp."""
+    if cfg.arch == "gemma4" and cfg.gemma4.double_wide_mlp and cfg.kv_source(layer) != layer:
+        return dataclasses.replace(cfg.ffn, intermediate_size=2 * cfg.ffn.intermediate_size)
+    return cfg.ffn
 
 
 def with_ple_dim(cfg: ModelConfig, dim: int) -> ModelConfig:

@@ -6,6 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from plelab.cli.main import main
+from plelab.model import load_model_config
+from plelab.model.budget import active_flops, active_params_per_token, inference_bytes
+
 
 def plelab(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "plelab", *args], capture_output=True, text=True, timeout=120)
@@ -19,11 +25,17 @@ def test_seed_sweep_table_text():
 
 
 def test_esp32_json_fields():
-    out = plelab("params", "esp32-28m", "--json")
+    out = plelab("params", "esp32-28m", "--json", "--export-dtype", "int4")
     data = json.loads(out.stdout)
     assert data["total"] == 28_869_920
-    for key in ("total", "base_total", "ple_table", "ple_model_projection", "ple_per_layer", "ple_added"):
+    for key in ("total", "base_total", "ple_table", "ple_model_projection", "ple_per_layer", "ple_added",
+                "active_params_per_token", "inference_bytes", "active_flops"):
         assert isinstance(data[key], int)
+    cfg = load_model_config("esp32-28m")
+    assert data["active_params_per_token"] == active_params_per_token(cfg)
+    assert data["inference_bytes"] == inference_bytes(cfg, "int4")
+    assert data["active_flops"] == active_flops(cfg)
+    assert data["export_dtype"] == "int4"
 
 
 def test_bad_override_is_one_clear_line():
@@ -31,3 +43,53 @@ def test_bad_override_is_one_clear_line():
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "does not divide" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """`plelab ARGS` in this process (a usage error's SystemExit becomes its status): (rc, stdout, stderr)."""
+    try:
+        rc = main(list(args))
+    except SystemExit as exc:
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_text_shows_per_token_costs(capsys):
+    rc, out, err = run_cli(capsys, "params", "tiny", "--set", "ffn.kind=mglu")
+    assert rc == 0, err
+    assert "active parameters" in out and "weight bytes read (fp16 export)" in out
+
+
+def test_match_ffn_json_and_text(capsys):
+    rc, out, err = run_cli(capsys, "params", "tiny", "--set", "ffn.kind=mglu", "--match-ffn", "params", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    # MGLU's shared gate/up matrix: 1.5x tiny's 64-wide SwiGLU for the same FFN parameters.
+    assert (data["field"], data["width"], data["set"]) == ("ffn.intermediate_size", 96, "ffn.intermediate_size=96")
+    assert data["value"] <= data["reference_value"] < data["next_value"]
+    assert all(isinstance(data[k], int) for k in ("width", "value", "reference_value", "next_value"))
+    rc, out, err = run_cli(capsys, "params", "tiny", "--set", "ffn.kind=lowrank", "--set", "ffn.rank=4",
+                           "--match-ffn", "active-flops", "--reference-set", "ffn.intermediate_size=48")
+    assert rc == 0, err
+    assert "solved width" in out and "ffn.rank = " in out and "reference value" in out
+
+
+def test_budget_no_width_meets_is_one_line_exit_2(capsys):
+    rc, _, err = run_cli(capsys, "params", "tiny", "--set", "ffn.kind=moe", "--match-ffn", "params",
+                         "--reference-set", "ffn.intermediate_size=1")
+    assert rc == 2
+    assert err.strip().count("\n") == 0 and "no moe width" in err and "192" in err
+
+
+@pytest.mark.parametrize("args", [["--export-dtype", "bf16"], ["--match-ffn", "flops"],
+                                  ["--reference-set", "ffn.rank=2"], ["--match-ffn", "params", "--sweep-ple", "0,64"]])
+def test_bad_budget_options_are_one_line(capsys, args):
+    rc, _, err = run_cli(capsys, "params", "tiny", *args)
+    assert rc == 2
+    assert err.strip().count("\n") == 0 and "error" in err
+
+
+def test_help_has_a_match_example(capsys):
+    rc, out, _ = run_cli(capsys, "params", "--help")
+    assert rc == 0 and "--match-ffn inference-bytes" in out and "--export-dtype" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plelab.edge.export import shipped_config
 from plelab.model import LanguageModel, count_params, load_model_config
 from plelab.model.config import FFN_KINDS, PLE_GATES
 from plelab.model.params import sweep_ple, with_ple_dim
@@ -49,6 +50,7 @@ VARIANTS = [
     [],
     ["ffn.kind=mglu", "ffn.mask_count=2"],
     ["ffn.kind=lowrank", "ffn.rank=8"],
+    ["ffn.kind=moe", "ffn.num_experts=4", "ffn.top_k=2", "ffn.shared_expert=true", "ffn.expert_size=16"],
     ["ple.gate=scalar", "ple.context=false", "ple.output_norm=false"],
     ["ple.gate=vector", "ple.layers=[0]"],
     ["tie_embeddings=false", "ple.dim=0"],
@@ -75,7 +77,9 @@ def test_analytic_count_equals_meta_model(preset, overrides):
 @pytest.mark.parametrize("gate", PLE_GATES)
 def test_every_listed_ffn_kind_and_gate_builds_and_counts(kind, gate):
     # The lists in plelab/model/config.py are the only ones: each entry must build, run and be counted.
-    cfg = load_model_config("tiny", [f"ffn.kind={kind}", "ffn.rank=8", f"ple.gate={gate}"])
+    cfg = load_model_config("tiny", [f"ffn.kind={kind}", "ffn.rank=8", "ffn.prune_to=24", f"ple.gate={gate}"])
     model = LanguageModel(cfg)
-    assert count_params(cfg)["total"] == sum(p.numel() for p in model.parameters())
+    # Counts are of the model that ships: a pruned FFN as the plain SwiGLU of width prune_to.
+    shipped = LanguageModel(shipped_config(cfg)) if kind == "pruned" else model
+    assert count_params(cfg)["total"] == sum(p.numel() for p in shipped.parameters())
     assert model(torch.tensor([[1, 2, 3]]))[0].shape == (1, 3, cfg.vocab_size)

@@ -24,9 +24,10 @@ int ple_fail(char *err, const char *fmt, ...)
     ;
 
 enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
-enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK };
+enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK, PLE_MOE };
 enum { PLE_GATE_INPUT, PLE_GATE_SCALAR, PLE_GATE_VECTOR };
-enum { PLE_TIE = 1, PLE_EMBED_SCALE = 2, PLE_CONTEXT = 4, PLE_OUTPUT_NORM = 8 };
+enum { PLE_TIE = 1, PLE_EMBED_SCALE = 2, PLE_CONTEXT = 4, PLE_OUTPUT_NORM = 8, PLE_SHARED_EXPERT = 16 };
+#define PLE_MAX_EXPERTS 256
 
 /* ---- storage: where the file's bytes come from (file/pread, mmap, memory, ESP-IDF partition) ---------- */
 
@@ -70,7 +71,9 @@ typedef struct {
     uint32_t version, n_sections, body_crc;
     uint64_t file_bytes;
     ple_section sections[PLE_MAX_SECTIONS];
+    /* MoE: inter is each expert's width, and the head's two kind fields are read as experts and top_k */
     uint32_t hidden, layers, heads, kv_heads, head_dim, vocab, max_seq, ffn_kind, inter, mask_count, rank;
+    uint32_t experts, top_k;
     uint32_t ple_dim, ple_vocab, n_ple_layers, gate, flags, n_tensors, n_tables;
     float eps, theta;
     uint32_t *ple_layers; /* n_ple_layers sorted indices */

@@ -340,9 +340,18 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
         d->hidden > 65536 || d->layers > 1024 || d->heads > 1024 || d->head_dim > 4096 || d->vocab > MAX_DIM ||
         d->max_seq > MAX_DIM || d->heads % d->kv_heads || d->head_dim % 2 || d->inter == 0 || d->inter > MAX_DIM)
         return ple_fail(err, "model description: dimensions out of range");
-    if (d->ffn_kind > PLE_LOWRANK || d->gate > PLE_GATE_VECTOR || d->flags > 15 ||
+    if (d->ffn_kind == PLE_MOE) { /* the kind fields hold E and k */
+        d->experts = d->mask_count;
+        d->top_k = d->rank;
+        d->mask_count = 1;
+        d->rank = 0;
+    }
+    if (d->ffn_kind > PLE_MOE || d->gate > PLE_GATE_VECTOR || d->flags > 31 ||
+        ((d->flags & PLE_SHARED_EXPERT) && d->ffn_kind != PLE_MOE) ||
         (d->ffn_kind == PLE_MGLU && (d->mask_count == 0 || d->mask_count > 64)) ||
-        (d->ffn_kind == PLE_LOWRANK && (d->rank == 0 || d->rank > MAX_DIM)))
+        (d->ffn_kind == PLE_LOWRANK && (d->rank == 0 || d->rank > MAX_DIM)) ||
+        (d->ffn_kind == PLE_MOE && (d->experts == 0 || d->experts > PLE_MAX_EXPERTS || d->top_k == 0 ||
+                                    d->top_k > d->experts)))
         return ple_fail(err, "model description: unknown FFN, gate or flags");
     if (d->ple_dim > 65536 || d->ple_vocab > MAX_DIM || d->n_ple_layers > d->layers ||
         (d->ple_dim == 0) != (d->n_ple_layers == 0) || (d->ple_dim && d->ple_vocab == 0))

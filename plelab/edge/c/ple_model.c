@@ -1,5 +1,6 @@
 /* The PLE forward pass over a .ple file: the same computation as plelab/edge/runtime.py (docs/ple-format.md
- * section 7), weights used as stored (fp32 / fp16 / int8 / int4, 1-bit MGLU masks), one arena.
+ * section 7), weights used as stored (fp32 / fp16 / int8 / int4, 1-bit MGLU masks), one arena. Every FFN kind of
+ * the format runs: SwiGLU, MGLU (masks applied bit by bit), low-rank, and MoE (only the routed experts read).
  *
  * Why the kernels look as they do: a decode step is a chain of matrix-vector products, dominated by the
  * output head (vocab x hidden). Each row is a sum over contiguous codes with one fp16 scale per group, so
@@ -26,6 +27,7 @@
 #endif
 
 #define ALIGN 64
+#define N_SCRATCH 22 /* float buffers of maxdim values in the arena (ple_open's bufs) */
 #define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
 
 typedef struct {
@@ -34,10 +36,13 @@ typedef struct {
     const uint8_t *codes, *scales; /* dense: the one vector of the tensor; table: record 0 + part offsets */
     const ple_table *table;        /* non-NULL: each row is its own record (the tied head) */
     int present;
+    uint32_t tensor; /* index in the tensor directory (bound tensors): where a routed read is tallied */
 } qmat;
 
 typedef struct {
     qmat in_norm, post_norm, q, k, v, o, gate, up, down, w, mask, ga, gb, ua, ub, ple_gate, ple_proj, ple_norm;
+    qmat router, shared[3]; /* MoE: router (E x H), shared expert gate, up, down */
+    qmat *experts;          /* MoE: 3 per expert (gate, up, down), E experts */
     int slot; /* index into the PLE layers, -1 when this layer gets none */
 } layer_w;
 
@@ -48,6 +53,8 @@ struct ple_model {
     ple_storage *st;
     ple_options opt;
     layer_w *L;
+    qmat *expert_mats; /* every layer's experts, one allocation */
+    int *tensor_tier;  /* tier of each tensor: routed expert reads are tallied there as they happen */
     qmat final_norm, head, ctx_proj, ctx_norm;
     const ple_table *ple_t, *embed_t;
     const ple_part *ple_p, *embed_in_ple, *embed_p;
@@ -55,7 +62,8 @@ struct ple_model {
     uint8_t *arena_raw, *arena, *rec_ple, *rec_embed;
     uint64_t arena_bytes, weight_bytes, kv_bytes, peak;
     float *kcache, *vcache;
-    float *x, *xn, *y, *q, *k, *v, *att, *h1, *h2, *h3, *lr, *raw, *pin, *ctx, *g, *t, *wv, *row, *xe, *xo, *logits;
+    float *x, *xn, *y, *q, *k, *v, *att, *h1, *h2, *h3, *lr, *raw, *pin, *ctx, *g, *t, *wv, *row, *xe, *xo, *probs, *acc;
+    float *logits;
     uint32_t maxdim;
     /* traffic */
     int n_tiers;
@@ -541,6 +549,7 @@ static int bind(ple_model *m, qmat *w, const placed *where, const char *name, in
     w->codes = where[t - m->d.tensors].codes;
     w->scales = where[t - m->d.tensors].scales;
     w->present = 1;
+    w->tensor = (uint32_t)(t - m->d.tensors);
     return 0;
 }
 
@@ -548,6 +557,32 @@ static int bind_vec(ple_model *m, qmat *w, const placed *where, const char *name
     if (bind(m, w, where, name, 0, n, 0, 0, err)) return -1;
     w->rows = 1;
     return 0;
+}
+
+/* One SwiGLU's gate, up, down named `prefix` + gate_proj / up_proj / down_proj (MoE experts, shared expert). */
+static int bind_swiglu(ple_model *m, qmat *w3, const placed *pl, const char *prefix, char *err) {
+    const ple_desc *d = &m->d;
+    char n[96];
+    static const char *names[] = {"gate_proj", "up_proj", "down_proj"};
+    for (int j = 0; j < 3; j++) {
+        snprintf(n, sizeof n, "%s%s", prefix, names[j]);
+        if (bind(m, &w3[j], pl, n, 0, j < 2 ? d->inter : d->hidden, j < 2 ? d->hidden : d->inter, 0, err)) return -1;
+    }
+    return 0;
+}
+
+static int bind_moe(ple_model *m, layer_w *l, uint32_t i, const placed *pl, char *err) {
+    const ple_desc *d = &m->d;
+    char n[96];
+    snprintf(n, sizeof n, "layers.%u.mlp.router.weight", i);
+    if (bind(m, &l->router, pl, n, 0, d->experts, d->hidden, 0, err)) return -1;
+    l->experts = m->expert_mats + (uint64_t)i * 3 * d->experts;
+    for (uint32_t e = 0; e < d->experts; e++) {
+        snprintf(n, sizeof n, "layers.%u.mlp.experts.%u.", i, e);
+        if (bind_swiglu(m, l->experts + 3 * e, pl, n, err)) return -1;
+    }
+    snprintf(n, sizeof n, "layers.%u.mlp.shared_", i);
+    return (d->flags & PLE_SHARED_EXPERT) ? bind_swiglu(m, l->shared, pl, n, err) : 0;
 }
 
 static int bind_layers(ple_model *m, const placed *pl, char *err) {
@@ -566,8 +601,9 @@ static int bind_layers(ple_model *m, const placed *pl, char *err) {
             bind(m, &l->k, pl, NAME("layers.%u.self_attn.k_proj.weight", i), 0, kd, H, 0, err) ||
             bind(m, &l->v, pl, NAME("layers.%u.self_attn.v_proj.weight", i), 0, kd, H, 0, err) ||
             bind(m, &l->o, pl, NAME("layers.%u.self_attn.o_proj.weight", i), 0, H, qd, 0, err) ||
-            bind(m, &l->down, pl, NAME("layers.%u.mlp.down_proj.weight", i), 0, H, I, 0, err))
+            (d->ffn_kind != PLE_MOE && bind(m, &l->down, pl, NAME("layers.%u.mlp.down_proj.weight", i), 0, H, I, 0, err)))
             return -1;
+        if (d->ffn_kind == PLE_MOE && bind_moe(m, l, i, pl, err)) return -1;
         if (d->ffn_kind == PLE_SWIGLU &&
             (bind(m, &l->gate, pl, NAME("layers.%u.mlp.gate_proj.weight", i), 0, I, H, 0, err) ||
              bind(m, &l->up, pl, NAME("layers.%u.mlp.up_proj.weight", i), 0, I, H, 0, err)))
@@ -576,6 +612,11 @@ static int bind_layers(ple_model *m, const placed *pl, char *err) {
             (bind(m, &l->w, pl, NAME("layers.%u.mlp.weight", i), 0, I, H, 0, err) ||
              bind(m, &l->mask, pl, NAME("layers.%u.mlp.mask_logits", i), 1, d->mask_count, I, H, err)))
             return -1;
+        if (d->ffn_kind == PLE_MGLU) { /* the bits past the last mask element must be zero (as written) */
+            uint64_t bits = (uint64_t)d->mask_count * I * H;
+            if (bits % 8 && (l->mask.codes[bits / 8] & ((1u << (8 - bits % 8)) - 1)))
+                return ple_fail(err, "layer %u's MGLU mask has bits set past its end (corrupt mask)", i);
+        }
         if (d->ffn_kind == PLE_LOWRANK &&
             (bind(m, &l->ga, pl, NAME("layers.%u.mlp.gate_proj_a.weight", i), 0, d->rank, H, 0, err) ||
              bind(m, &l->gb, pl, NAME("layers.%u.mlp.gate_proj_b.weight", i), 0, I, d->rank, 0, err) ||
@@ -671,6 +712,10 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         it->reads = 1;
         it->resident = 1;
         it->density = 1.0;
+        if (strstr(t->name, ".mlp.experts.")) { /* tallied per routed token; placed by top_k / E like plan.py */
+            it->per_token = it->reads = 0;
+            it->density = (double)d->top_k / d->experts;
+        }
     }
     its[count++] = (item){"kv_cache", kv_stored, 0, 2 * (uint64_t)d->layers, 1, -1, 0.5};
     if (!m->opt.device) {
@@ -735,8 +780,9 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
             return rc;
         }
     }
-    for (uint32_t i = 0; i < count; i++) {
+    for (uint32_t i = 0, t = 0; i < count; i++) {
         const item *it = &its[i];
+        if (t < d->n_tensors && !strcmp(it->name, d->tensors[t].name)) m->tensor_tier[t++] = it->tier;
         if (!strcmp(it->name, "table:ple")) m->ple_tier = it->tier;
         else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
         else if (!strcmp(it->name, "kv_cache")) m->kv_tier = it->tier;
@@ -810,11 +856,11 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     uint64_t kv_floats = (uint64_t)d->layers * d->kv_heads * d->head_dim * d->max_seq;
     m->kv_bytes = 2 * kv_floats * 4;
     uint32_t dims[] = {d->hidden, d->heads * d->head_dim, d->inter, d->rank, d->n_ple_layers * d->ple_dim,
-                       d->max_seq, 2};
+                       d->max_seq, d->experts, 2};
     m->maxdim = 0;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > m->maxdim) m->maxdim = dims[i];
-    uint64_t scratch = 20 * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab);
+    uint64_t scratch = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab);
     uint64_t recs = (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
     m->arena_bytes = weight_arena + up64(m->kv_bytes) + scratch + recs;
     if ((opt->max_arena && m->arena_bytes > opt->max_arena) || m->arena_bytes > ((uint64_t)1 << 40) || (uint64_t)(size_t)(m->arena_bytes + ALIGN) != m->arena_bytes + ALIGN) {
@@ -822,9 +868,11 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         goto fail;
     }
     m->L = calloc(d->layers, sizeof(layer_w));
+    m->expert_mats = calloc((size_t)d->layers * 3 * d->experts + 1, sizeof(qmat));
+    m->tensor_tier = calloc((size_t)d->n_tensors + 1, sizeof(int));
     pl = calloc(d->n_tensors, sizeof(placed));
     m->arena_raw = calloc(1, (size_t)(m->arena_bytes + ALIGN));
-    if (!m->L || !pl || !m->arena_raw) {
+    if (!m->L || !m->expert_mats || !m->tensor_tier || !pl || !m->arena_raw) {
         ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
         goto fail;
     }
@@ -860,7 +908,7 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         }
         if (!rows) goto read_error;
         m->head = (qmat){m->embed_p->dtype, m->embed_p->group, d->vocab, d->hidden, rows + m->embed_p->codes,
-                         rows + m->embed_p->scales, m->embed_t, 1};
+                         rows + m->embed_p->scales, m->embed_t, 1, 0};
         if (m->embed_p->dtype == PLE_FP32 && (uintptr_t)rows % 4) {
             ple_fail(err, "the embedding table is not 4-byte aligned");
             goto fail;
@@ -871,7 +919,9 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     m->vcache = m->kcache + kv_floats;
     p += up64(m->kv_bytes);
     float **bufs[] = {&m->x, &m->xn, &m->y, &m->q, &m->k, &m->v, &m->att, &m->h1, &m->h2, &m->h3,
-                      &m->lr, &m->raw, &m->pin, &m->ctx, &m->g, &m->t, &m->wv, &m->row, &m->xe, &m->xo};
+                      &m->lr, &m->raw, &m->pin, &m->ctx, &m->g, &m->t, &m->wv, &m->row, &m->xe, &m->xo,
+                      &m->probs, &m->acc};
+    _Static_assert(sizeof bufs / sizeof bufs[0] == N_SCRATCH, "N_SCRATCH counts the scratch buffers");
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i] = (float *)(void *)p;
         p += up64(4 * (uint64_t)m->maxdim);
@@ -889,7 +939,8 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     if (place(m, m->kv_bytes, err)) goto fail;
     free(pl);
     m->peak = m->arena_bytes + ALIGN + sizeof *m + d->layers * sizeof(layer_w) + d->n_tensors * sizeof(ple_tensor) +
-              (d->n_ple_layers + 1) * sizeof(uint32_t);
+              (d->n_ple_layers + 1) * sizeof(uint32_t) + ((uint64_t)d->layers * 3 * d->experts + 1) * sizeof(qmat) +
+              (d->n_tensors + 1) * sizeof(int);
     *out = m;
     return 0;
 read_error:
@@ -904,6 +955,8 @@ void ple_close(ple_model *m) {
     if (!m) return;
     ple_desc_free(&m->d);
     free(m->L);
+    free(m->expert_mats);
+    free(m->tensor_tier);
     free(m->arena_raw);
     free(m);
 }
@@ -948,34 +1001,96 @@ static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t p
     for (uint32_t i = 0; i < d->hidden; i++) m->x[i] += m->h3[i];
 }
 
+/* Sum of v[c] over the set bits c of an MSB-first bit string starting at bit b0 (np.packbits order): a bit
+ * loop that reads the packed mask in place, a byte at a time, skipping zero bytes. */
+static float masked_sum(const float *v, const uint8_t *bits, uint64_t b0, uint32_t n) {
+    float s = 0;
+    uint32_t c = 0;
+    for (; c < n && ((b0 + c) & 7); c++) /* up to the first byte boundary */
+        if ((bits[(b0 + c) >> 3] >> (7 - ((b0 + c) & 7))) & 1) s += v[c];
+    for (const uint8_t *p = bits + ((b0 + c) >> 3); c + 8 <= n; c += 8, p++) {
+        uint8_t byte = *p;
+        for (int k = 0; byte; k++, byte = (uint8_t)(byte << 1))
+            if (byte & 0x80) s += v[c + k];
+    }
+    for (; c < n; c++)
+        if ((bits[(b0 + c) >> 3] >> (7 - ((b0 + c) & 7))) & 1) s += v[c];
+    return s;
+}
+
+/* MGLU: per row r, wx = W[r] * x once; for each mask k, gate = sum over mask bits of wx and up = sum(wx) - gate
+ * (W * (1 - m) x without a second pass). Bytes read: W once plus n_m bits per element; W*m never exists. */
 static void mglu(ple_model *m, const layer_w *l) {
     const ple_desc *d = &m->d;
     uint32_t H = d->hidden, I = d->inter;
-    memset(m->h1, 0, 4 * I);
     for (uint32_t r = 0; r < I; r++) {
         deq_row(&l->w, r, m->row);
-        for (uint32_t c = 0; c < H; c++) m->row[c] *= m->xn[c];
+        float total = 0;
+        for (uint32_t c = 0; c < H; c++) total += (m->row[c] *= m->xn[c]);
         float acc = 0;
         for (uint32_t k = 0; k < d->mask_count; k++) {
-            const uint8_t *bits = l->mask.codes;
-            uint64_t b0 = ((uint64_t)k * I + r) * H;
-            float g = 0, u = 0;
-            for (uint32_t c = 0; c < H; c++) {
-                float bit = (float)((bits[(b0 + c) >> 3] >> (7 - ((b0 + c) & 7))) & 1);
-                g += m->row[c] * bit;
-                u += m->row[c] * (1.0f - bit);
-            }
-            acc += silu(g) * u;
+            float g = masked_sum(m->row, l->mask.codes, ((uint64_t)k * I + r) * H, H);
+            acc += silu(g) * (total - g);
         }
         m->h1[r] = acc;
     }
     matvec(m->h3, &l->down, m->h1, m->xe, m->xo);
 }
 
+/* out = down(silu(gate xn) * up xn) for one SwiGLU (w3: gate, up, down); uses h1, h2. */
+static void swiglu(ple_model *m, const qmat *w3, float *out) {
+    matvec(m->h1, &w3[0], m->xn, m->xe, m->xo);
+    matvec(m->h2, &w3[1], m->xn, m->xe, m->xo);
+    for (uint32_t i = 0; i < m->d.inter; i++) m->h1[i] = silu(m->h1[i]) * m->h2[i];
+    matvec(out, &w3[2], m->h1, m->xe, m->xo);
+}
+
+/* MoE: router softmax, the top_k experts (ties: lower index), their renormalised weights; only those experts
+ * are read, each tallied in its tier as it is, then the shared expert. Result in h3. */
+static void moe(ple_model *m, const layer_w *l) {
+    const ple_desc *d = &m->d;
+    uint32_t E = d->experts, H = d->hidden, pick[PLE_MAX_EXPERTS];
+    matvec(m->probs, &l->router, m->xn, m->xe, m->xo);
+    float mx = -INFINITY, sum = 0, kept = 0;
+    for (uint32_t e = 0; e < E; e++) mx = m->probs[e] > mx ? m->probs[e] : mx;
+    for (uint32_t e = 0; e < E; e++) sum += (m->probs[e] = expf(m->probs[e] - mx));
+    for (uint32_t e = 0; e < E; e++) m->probs[e] /= sum;
+    for (uint32_t k = 0; k < d->top_k; k++) { /* k passes of a max: k and E are small */
+        uint32_t best = E;
+        for (uint32_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (uint32_t j = 0; j < k; j++) taken |= pick[j] == e;
+            if (!taken && (best == E || m->probs[e] > m->probs[best])) best = e;
+        }
+        pick[k] = best;
+        kept += m->probs[best];
+    }
+    memset(m->acc, 0, 4 * H);
+    for (uint32_t e = 0; e < E; e++) /* ascending expert order, as the NumPy runtime sums */
+        for (uint32_t k = 0; k < d->top_k; k++) {
+            if (pick[k] != e) continue;
+            const qmat *w3 = l->experts + 3 * e;
+            swiglu(m, w3, m->h3);
+            float w = m->probs[e] / kept;
+            for (uint32_t i = 0; i < H; i++) m->acc[i] += w * m->h3[i];
+            for (int j = 0; j < 3; j++) {
+                const ple_tensor *t = &d->tensors[w3[j].tensor];
+                tally(m, m->tensor_tier[w3[j].tensor], (double)(t->codes_bytes + t->scales_bytes), 1);
+            }
+        }
+    if (d->flags & PLE_SHARED_EXPERT) {
+        swiglu(m, l->shared, m->h3);
+        for (uint32_t i = 0; i < H; i++) m->acc[i] += m->h3[i];
+    }
+    memcpy(m->h3, m->acc, 4 * H);
+}
+
 static void ffn(ple_model *m, const layer_w *l) {
     const ple_desc *d = &m->d;
     if (d->ffn_kind == PLE_MGLU) {
         mglu(m, l);
+    } else if (d->ffn_kind == PLE_MOE) {
+        moe(m, l);
     } else {
         if (d->ffn_kind == PLE_SWIGLU) {
             matvec(m->h1, &l->gate, m->xn, m->xe, m->xo);
@@ -1019,12 +1134,12 @@ static int inputs(ple_model *m, uint32_t token) {
         rec = ple_read_record(m, m->ple_t, token < d->ple_vocab ? token : 0);
         if (!rec) return -1;
         qmat part = {m->ple_p->dtype, m->ple_p->group, 1, m->ple_p->length, rec + m->ple_p->codes,
-                     rec + m->ple_p->scales, NULL, 1};
+                     rec + m->ple_p->scales, NULL, 1, 0};
         deq_row(&part, 0, m->raw);
     }
     if (m->embed_in_ple) {
         qmat part = {m->embed_in_ple->dtype, m->embed_in_ple->group, 1, d->hidden, rec + m->embed_in_ple->codes,
-                     rec + m->embed_in_ple->scales, NULL, 1};
+                     rec + m->embed_in_ple->scales, NULL, 1, 0};
         deq_row(&part, 0, m->x);
     } else if (d->flags & PLE_TIE) {
         deq_row(&m->head, token, m->x);
@@ -1033,7 +1148,7 @@ static int inputs(ple_model *m, uint32_t token) {
         const uint8_t *e = ple_read_record(m, m->embed_t, token);
         if (!e) return -1;
         qmat part = {m->embed_p->dtype, m->embed_p->group, 1, d->hidden, e + m->embed_p->codes,
-                     e + m->embed_p->scales, NULL, 1};
+                     e + m->embed_p->scales, NULL, 1, 0};
         deq_row(&part, 0, m->x);
     }
     if (d->flags & PLE_EMBED_SCALE) {
