@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from plelab.cli import options
 from plelab.cli.common import add_command, print_json
+from plelab.errors import PlelabError
 
 
 def add_parser(sub) -> None:
@@ -14,8 +16,10 @@ def add_parser(sub) -> None:
         sub, "report",
         "Analyse a sweep folder: the seed-style table (dP, added params, loss mean +- seed std, delta vs dP=0), "
         "dead-zone / transition / diminishing-returns steps, per-domain table, early vs final PLE verdicts, plots; "
-        "writes DIR/report.html (self-contained) and DIR/report.md.",
+        "writes DIR/report.html (self-contained) and DIR/report.md. On a sweep with [variants] (the FFN study): "
+        "per-domain paired deltas vs the baseline variant, verdicts, the gap timeline and the published table.",
         "plelab report runs/deadzone-small\n"
+        "  plelab report runs/ffn-study --json   (a sweep with [variants]; see docs/ffn-study.md)\n"
         "  plelab report runs/deadzone-small --out docs/deadzone-study --json\n"
         "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)",
         run,
@@ -31,6 +35,14 @@ def add_parser(sub) -> None:
     p.add_argument("--predict", metavar="H1,H2", type=_widths,
                    help="with --law: fit on the other widths and freeze the prediction for these in "
                         "DIR/prediction.json (written once, never overwritten)")
+    p.add_argument("--measure-decode", action="store_true",
+                   help="variant sweeps: export each variant's first seed, time greedy decoding and count bytes read "
+                        "per token; writes DIR/decode.json (later reports reuse it). Run it on an idle machine: "
+                        "the timings are only comparable when nothing else runs")
+    p.add_argument("--decode-tokens", type=options.positive_int, default=64,
+                   help="with --measure-decode: tokens decoded per variant (default 64)")
+    p.add_argument("--decode-runtime", choices=("numpy", "c"), default="numpy",
+                   help="with --measure-decode: the edge runtime that decodes (default numpy)")
 
 
 def _widths(text: str) -> list[int]:
@@ -49,6 +61,25 @@ def run(args: argparse.Namespace) -> int:
         from plelab.experiments.law_report import run_law_report
 
         return run_law_report(args.dir, args.out, predict=args.predict, overwrite=args.overwrite, as_json=args.json)
+    from plelab.vision.study import is_vision_sweep
+
+    if is_vision_sweep(args.dir):  # before the variant check: the visual PLE study is a variant sweep too
+        from plelab.vision.study import run_vision_report
+
+        if args.measure_decode:
+            raise PlelabError(f"--measure-decode works on the FFN study's sweeps; {args.dir} is a visual PLE study")
+        return run_vision_report(args.dir, args.out, overwrite=args.overwrite, as_json=args.json)
+    from plelab.experiments.ffn_study import is_variant_sweep
+
+    if is_variant_sweep(args.dir):
+        from plelab.experiments.ffn_report import run_ffn_report
+
+        return run_ffn_report(args.dir, args.out, measure_decode=args.measure_decode,
+                              decode_tokens=args.decode_tokens, decode_runtime=args.decode_runtime,
+                              overwrite=args.overwrite, as_json=args.json)
+    if args.measure_decode:
+        raise PlelabError("--measure-decode works on a sweep with [variants] (the FFN study); "
+                          f"{args.dir} has none")
     from plelab.experiments.analysis import analyze_sweep
     from plelab.experiments.report import write_report
     from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE

@@ -1,4 +1,4 @@
-"""`plelab sweep`: run a grid of training runs (e.g. dP x seeds) resumably, or show its progress."""
+"""`plelab sweep`: run a grid of training runs (dP x seeds, variants x seeds) resumably, or show its progress."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ def add_parser(sub) -> None:
     """Register `plelab sweep`."""
     p = add_command(
         sub, "sweep",
-        "Run every point of a sweep file's grid as a run under the sweep folder (resumable: rerun the same "
-        "command after a kill), recording configs, metrics and final evaluations in SWEEP_DIR/sweep.sqlite.",
+        "Run every point of a sweep file's grid (crossed with its [variants.NAME] tables, if any) as a run under "
+        "the sweep folder (resumable: rerun the same command after a kill), recording configs, metrics, final "
+        "evaluations and evaluation timelines in SWEEP_DIR/sweep.sqlite.",
         "plelab sweep configs/sweeps/deadzone-small.toml\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --status\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --set base.data=/tmp/plelab-data --set grid.seed=[1]\n"
@@ -22,7 +23,7 @@ def add_parser(sub) -> None:
         "  plelab report runs/deadzone-small",
         run,
     )
-    p.add_argument("sweep_file", help="sweep file (TOML/YAML/JSON with [sweep], [base], [grid])")
+    p.add_argument("sweep_file", help="sweep file (TOML/YAML/JSON with [sweep], [base], [grid], [variants.NAME])")
     p.add_argument("--status", action="store_true", help="show every run's state and the progress; train nothing")
     p.add_argument("--json", action="store_true", help="with --status: machine-readable output")
     p.add_argument("--out", help="sweep folder (default: [sweep] out, else runs/<name>)")
@@ -40,13 +41,17 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
 
 
 def print_status(status: dict) -> None:
-    """The status table and a progress line."""
+    """The status table (with the widths sweep.match_ffn solved, when it did) and a progress line."""
+    solved = any(r.get("solved") for r in status["runs"])
     rows = []
     for r in status["runs"]:
         verdicts = "/".join(v or "-" for v in (r["verdict_early"], r["verdict_final"])) if r["ple_dim"] else "-"
-        rows.append([r["name"], r["status"], f"{r['step'] or 0}/{r['max_steps']}", str(r["attempts"]),
+        matched = [" ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r["solved"].items()) or "-"] if solved else []
+        rows.append([r["name"], r["status"], f"{r['step'] or 0}/{r['max_steps']}", str(r["attempts"]), *matched,
                      _fmt(r["eval_loss"]), verdicts, _fmt(r["train_seconds"], ".0f"), r["error"] or ""])
-    print(text_table(["run", "status", "step", "tries", "eval loss", "early/final", "train s", "error"], rows))
+    headers = ["run", "status", "step", "tries", *(["solved"] if solved else []), "eval loss", "early/final",
+               "train s", "error"]
+    print(text_table(headers, rows))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(status["counts"].items()))
     print(f"\n{status['sweep']}: {counts} of {status['total']} runs; {status['progress']:.0%} of all steps; "
           f"database {status['database']}")

@@ -226,7 +226,17 @@ def render_figures(analysis: dict[str, Any]) -> dict[str, list[tuple[str, str, b
 
 def write_report(analysis: dict[str, Any], out_dir: str | Path, plots_dir: str | Path | None = None, *,
                  overwrite: bool = True, inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/report.html, OUT/report.md and the PNGs (default OUT/plots/); return the paths written.
+    """Write OUT/report.html, OUT/report.md and the PNGs (default OUT/plots/); return the paths written."""
+    figures = render_figures(analysis)
+    pngs = {stem: png for figs in figures.values() for stem, _, png in figs if png}
+    return write_pages(build_blocks(analysis, figures), f"plelab sweep report: {analysis['sweep']}", out_dir, pngs,
+                       plots_dir=plots_dir, overwrite=overwrite, inputs=inputs)
+
+
+def write_pages(blocks: Sequence[Block], title: str, out_dir: str | Path, pngs: dict[str, bytes], *,
+                plots_dir: str | Path | None = None, name: str = "report", overwrite: bool = True,
+                inputs: Sequence[str | Path] = ()) -> list[Path]:
+    """Write OUT/{name}.html, OUT/{name}.md and PLOTS/{stem}.png (default OUT/plots/); return the paths written.
 
     Every target is checked before anything is written: none may be one of `inputs`, and without `overwrite`
     none may exist.
@@ -235,15 +245,13 @@ def write_report(analysis: dict[str, Any], out_dir: str | Path, plots_dir: str |
     plots = Path(plots_dir) if plots_dir else out_dir / "plots"
     check_output_path(out_dir, overwrite=True, is_dir=True, inputs=tuple(inputs))
     check_output_path(plots, overwrite=True, is_dir=True, inputs=tuple(inputs))
-    figures = render_figures(analysis)
-    pngs = {plots / f"{stem}.png": png for figs in figures.values() for stem, _, png in figs if png}
-    rel = {path.stem: os.path.relpath(path, out_dir) for path in pngs}
-    blocks = build_blocks(analysis, figures)
-    pages = {out_dir / "report.html": to_html(blocks, f"plelab sweep report: {analysis['sweep']}").encode(),
-             out_dir / "report.md": to_markdown(blocks, rel).encode()}
-    for path in [*pages, *pngs]:
+    files = {plots / f"{stem}.png": png for stem, png in pngs.items()}
+    rel = {path.stem: os.path.relpath(path, out_dir) for path in files}
+    pages = {out_dir / f"{name}.html": to_html(blocks, title).encode(),
+             out_dir / f"{name}.md": to_markdown(blocks, rel).encode()}
+    for path in [*pages, *files]:
         check_output_path(path, overwrite=overwrite, inputs=tuple(inputs))
     plots.mkdir(parents=True, exist_ok=True)
-    for path, data in {**pngs, **pages}.items():
+    for path, data in {**files, **pages}.items():
         atomic_write_bytes(path, data)
-    return [*pages, *pngs]
+    return [*pages, *files]

@@ -190,8 +190,16 @@ def _diagnostics(run_dir: Path) -> dict[str, Any]:
             "early_matches_final": matches, "layers": layers, "overall": report.get("overall")}
 
 
+def read_timeline(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's timeline evaluations ("timeline": true lines of metrics.jsonl) as [{step, tokens, domains}]."""
+    _, evals = read_metrics(run_dir)
+    return [{"step": m["step"], "tokens": m.get("tokens"),
+             "domains": {d: {"loss": r.get("loss"), "bpb": r.get("bpb")} for d, r in m["eval"]["domains"].items()}}
+            for m in evals if m.get("timeline")]
+
+
 def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall: float) -> dict[str, Any]:
-    """The run's summary: headline numbers, final evaluation per domain, parameter counts, diagnostics."""
+    """The run's summary: headline numbers, final evaluation per domain, timeline, parameter counts, diagnostics."""
     from plelab.model.params import count_params
 
     train, _ = read_metrics(run_dir)
@@ -202,7 +210,7 @@ def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall
     diag = _diagnostics(run_dir)
     matches = diag.get("early_matches_final") or {}
     return {
-        "name": point.name, "point": point.values, "config_hash": point.config_hash,
+        "name": point.name, "point": point.values, "solved": point.solved, "config_hash": point.config_hash,
         "steps": train[-1]["step"] if train else None,
         "tokens": train[-1].get("tokens") if train else None,
         "train_seconds": sum(m.get("step_time", 0.0) for m in train), "wall_seconds_last_attempt": wall,
@@ -211,6 +219,7 @@ def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall
         "eval_loss": (final_eval.get("macro") or {}).get("loss"),
         "eval_bpb": (final_eval.get("macro") or {}).get("bpb"),
         "final_eval": final_eval,
+        "timeline": read_timeline(run_dir),
         "verdict_final": (diag.get("final") or {}).get("verdict"),
         "verdict_early": (diag.get("early") or {}).get("verdict"),
         "early_step": (diag.get("early") or {}).get("step"),
@@ -254,7 +263,7 @@ def train_point(point: SweepPoint, run_dir: Path, quiet: bool = True, threads: i
     """Train (or resume) one grid point in this process and return its result summary."""
     import torch
 
-    from plelab.training.trainer import Trainer
+    from plelab.training.factory import trainer_class
 
     run_dir.mkdir(parents=True, exist_ok=True)
     old_threads = torch.get_num_threads()
@@ -264,7 +273,8 @@ def train_point(point: SweepPoint, run_dir: Path, quiet: bool = True, threads: i
     try:
         with open(run_dir / LOG_FILE, "a") as log, contextlib.redirect_stdout(_Tee(log, None if quiet else sys.stdout)):
             # The Trainer adds the callbacks the config asks for; resume=True starts at step 0 without a checkpoint.
-            final = Trainer(point.config, run_dir, callbacks=extra_callbacks, resume=True).run()
+            trainer = trainer_class(point.config)(point.config, run_dir, callbacks=extra_callbacks, resume=True)
+            final = trainer.run()
     finally:
         torch.set_num_threads(old_threads)
     return collect_result(point, run_dir, final, time.perf_counter() - t0)
@@ -311,7 +321,9 @@ def prepare(sweep: Sweep, restart_changed: bool = False) -> tuple[SweepStore, li
     try:
         messages = reconcile_configs(sweep, store, restart_changed)
         atomic_write_bytes(sweep.folder / RESOLVED_FILE, json.dumps(sweep.resolved_dict(), indent=2).encode())
-        store.set_meta(name=sweep.options.name, source=sweep.source, overrides=sweep.overrides, grid=sweep.grid)
+        store.set_meta(name=sweep.options.name, source=sweep.source, overrides=sweep.overrides, grid=sweep.grid,
+                       variants=sweep.variants, baseline=sweep.baseline,
+                       match_ffn=sweep.options.match_ffn)
         store.sync_points(sweep.points)
         return store, messages
     except BaseException:
@@ -431,6 +443,7 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
         step = row.get("steps") if state == "done" else (train[-1]["step"] if train else 0)
         runs.append({
             "name": point.name, "status": state, "step": step, "max_steps": point.config.max_steps,
+            "variant": point.variant, "solved": point.solved,
             "attempts": row.get("attempts", 0), "ple_dim": point.config.model.ple.dim, "seed": point.config.seed,
             "eval_loss": row.get("eval_loss"), "train_loss": row.get("train_loss"),
             "verdict_early": row.get("verdict_early"), "verdict_final": row.get("verdict_final"),

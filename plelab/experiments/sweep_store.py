@@ -1,4 +1,5 @@
-"""The sweep database (SWEEP_DIR/sweep.sqlite): every run's config, status, metrics summary and final evaluation.
+"""The sweep database (SWEEP_DIR/sweep.sqlite): every run's config, status, metrics summary, final evaluation
+and evaluation timeline (per-domain loss at the run's `eval_timeline` steps).
 
 Every change is one transaction (`with self.db:` commits or rolls back), and SQLite's journal makes a
 transaction all-or-nothing even when the process is killed in the middle, so the database is always
@@ -43,7 +44,16 @@ CREATE TABLE IF NOT EXISTS evals (
     loss REAL, bpb REAL, tokens INTEGER,
     PRIMARY KEY (run, domain)
 );
+CREATE TABLE IF NOT EXISTS timeline (
+    run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
+    step INTEGER NOT NULL,
+    tokens INTEGER,
+    domain TEXT NOT NULL,
+    loss REAL, bpb REAL,
+    PRIMARY KEY (run, step, domain)
+);
 """
+# CREATE TABLE IF NOT EXISTS: a database written before a table existed gains it, empty, when opened.
 
 # Columns of `runs` filled from a finished run's result summary (see sweep_runner.collect_result).
 RESULT_COLUMNS = (
@@ -154,7 +164,7 @@ class SweepStore:
                 "error = NULL WHERE name = ?", (pid, socket.gethostname(), time.time(), name))
 
     def mark_done(self, name: str, result: dict[str, Any]) -> None:
-        """A run finished: its summary, headline numbers and per-domain evaluation, all in one transaction."""
+        """A run finished: its summary, headline numbers, per-domain evaluation and timeline, in one transaction."""
         domains = ((result.get("final_eval") or {}).get("domains") or {}).items()
         values = [result.get(c) for c in RESULT_COLUMNS]
         sets = ", ".join(f"{c} = ?" for c in RESULT_COLUMNS)
@@ -166,6 +176,11 @@ class SweepStore:
             self.db.executemany(
                 "INSERT INTO evals (run, domain, loss, bpb, tokens) VALUES (?, ?, ?, ?, ?)",
                 [(name, d, r.get("loss"), r.get("bpb"), r.get("tokens")) for d, r in sorted(domains)])
+            self.db.execute("DELETE FROM timeline WHERE run = ?", (name,))
+            self.db.executemany(
+                "INSERT INTO timeline (run, step, tokens, domain, loss, bpb) VALUES (?, ?, ?, ?, ?, ?)",
+                [(name, point["step"], point.get("tokens"), d, r.get("loss"), r.get("bpb"))
+                 for point in result.get("timeline") or [] for d, r in sorted(point["domains"].items())])
 
     def mark_failed(self, name: str, error: str) -> None:
         """A run raised: keep the error (its checkpoints stay; the next sweep invocation resumes it)."""
@@ -204,4 +219,14 @@ class SweepStore:
         out: dict[str, dict[str, dict[str, float]]] = {}
         for r in self.db.execute("SELECT * FROM evals ORDER BY run, domain"):
             out.setdefault(r["run"], {})[r["domain"]] = {"loss": r["loss"], "bpb": r["bpb"], "tokens": r["tokens"]}
+        return out
+
+    def timeline(self) -> dict[str, list[dict[str, Any]]]:
+        """{run: [{"step", "tokens", "domains": {domain: {"loss", "bpb"}}}]} in step order (finished runs)."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in self.db.execute("SELECT * FROM timeline ORDER BY run, step, domain"):
+            points = out.setdefault(r["run"], [])
+            if not points or points[-1]["step"] != r["step"]:
+                points.append({"step": r["step"], "tokens": r["tokens"], "domains": {}})
+            points[-1]["domains"][r["domain"]] = {"loss": r["loss"], "bpb": r["bpb"]}
         return out

@@ -80,32 +80,87 @@ class ProgressPrinter(Callback):
         trainer.log_line(f"eval step {trainer.step}: macro loss {macro['loss']:.4f} bpb {macro['bpb']:.4f}")
 
 
-class Evaluator(Callback):
-    """Per-domain loss and bits per byte on the run's evaluation data every eval_every steps and at the end."""
+def timeline_steps(cfg: Any) -> list[int]:
+    """The steps of the evaluation timeline (`eval_timeline` log-spaced points, first and max_steps included).
 
-    def evaluate(self, trainer: Any, max_tokens: int | None = None) -> dict[str, Any] | None:
-        """Evaluate now, log the result and tell the other callbacks; None when the run has no eval data."""
+    Step i of n is round(first * (max_steps / first) ** (i / (n - 1))) with first = max(1, warmup_steps);
+    one that would not exceed its predecessor moves to the predecessor + 1, so the n steps are distinct (the
+    config refuses an n that does not fit). Token counts follow as step * tokens_per_step.
+    """
+    n, last = cfg.eval_timeline, cfg.max_steps
+    if not n:
+        return []
+    first = min(max(1, cfg.warmup_steps), last)
+    steps: list[int] = []
+    for i in range(n):
+        step = round(first * (last / first) ** (i / (n - 1)))
+        # Leave room for the points still to come below max_steps; the early ones absorb the rounding.
+        steps.append(min(max(step, steps[-1] + 1 if steps else first), last - (n - 1 - i)))
+    return steps
+
+
+class Evaluator(Callback):
+    """Per-domain loss and bits per byte on the run's evaluation data every eval_every steps, at each
+    timeline step (marked `"timeline": true` in metrics.jsonl) and at the end.
+
+    The last step is evaluated before its checkpoint is written and the result kept in the callback's state,
+    so a run resumed after it finished (killed before its result was recorded) reuses it: every evaluation,
+    timeline points included, is logged exactly once. A kill after an evaluation but before the next
+    checkpoint loses nothing either: the resume drops metrics lines past its checkpoint and evaluates again.
+    """
+
+    def __init__(self) -> None:
+        # {"step", "max_tokens", "results"} of the newest evaluation; saved with checkpoints for on_train_end.
+        self.last: dict[str, Any] | None = None
+        self.timeline: set[int] = set()  # the run's timeline_steps, set when training starts
+
+    def on_train_start(self, trainer: Any) -> None:
+        self.timeline = set(timeline_steps(trainer.config))
+
+    def measure(self, trainer: Any, max_tokens: int | None) -> dict[str, Any] | None:
+        """The evaluation itself ({"domains", "macro", ...}), None when the run has no eval data; a subclass
+        evaluating another kind of model overrides this and keeps the cadence and bookkeeping below."""
         if not trainer.data.eval_domains:
             return None
         from plelab.training.evaluate import evaluate_domains
 
         cfg = trainer.config
-        results = evaluate_domains(
+        return evaluate_domains(
             trainer.model, trainer.data.eval_domains, cfg.context, cfg.batch_size,
             max_tokens=max_tokens, autocast=autocast_context(trainer.device, cfg.dtype),
         )
+
+    def evaluate(self, trainer: Any, max_tokens: int | None = None) -> dict[str, Any] | None:
+        """Evaluate now, log the result and tell the other callbacks; None when the run has no eval data."""
+        results = self.measure(trainer, max_tokens)
+        if results is None:
+            return None
         trainer.last_eval = results
-        trainer.log_metrics({"step": trainer.step, "eval": results})
+        line: dict[str, Any] = {"step": trainer.step, "eval": results}
+        if trainer.step in self.timeline:
+            line.update(timeline=True, tokens=trainer.tokens_seen)
+        trainer.log_metrics(line)
+        self.last = {"step": trainer.step, "max_tokens": max_tokens, "results": results}
         trainer.dispatch("on_eval", results)
         return results
 
     def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
-        cfg = trainer.config
-        if cfg.eval_every and trainer.step % cfg.eval_every == 0 and trainer.step < cfg.max_steps:
+        cfg, step = trainer.config, trainer.step
+        if step == cfg.max_steps or step in self.timeline or (cfg.eval_every and step % cfg.eval_every == 0):
             self.evaluate(trainer, cfg.eval_tokens)
 
     def on_train_end(self, trainer: Any) -> None:
-        self.evaluate(trainer, trainer.config.eval_tokens)
+        last, max_tokens = self.last, trainer.config.eval_tokens
+        if last is not None and last["step"] == trainer.step and last["max_tokens"] == max_tokens:
+            trainer.last_eval = last["results"]
+        else:  # resumed from a checkpoint written before its step was evaluated (older plelab)
+            self.evaluate(trainer, max_tokens)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last": self.last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last = state.get("last")
 
 
 class Checkpointer(Callback):
