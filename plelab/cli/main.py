@@ -25,6 +25,7 @@ COMMANDS = {
     "export-hf": "plelab.cli.export_hf",
     "plan": "plelab.cli.edge",
     "run": "plelab.cli.edge",
+    "vision": "plelab.cli.vision",
 }
 
 

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from plelab.training.trainer import Trainer
+    from plelab.training.factory import trainer_class
 
     out = Path(args.out)
     if args.resume and args.overwrite:
@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.resume:
             raise PlelabError("--init-from-hf starts a new run; --resume continues one from its own checkpoint")
         cfg = dataclasses.replace(cfg, model=gemma4_folder_config(args.init_from_hf, cfg.model))
-    trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    trainer = trainer_class(cfg)(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
     if args.init_from_hf:
         try:
             load_hf_gemma4_weights(trainer.model, args.init_from_hf)

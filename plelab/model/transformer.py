@@ -11,6 +11,9 @@ parallelism, written with the plain formulas. The whole forward pass, layer by l
         x = x + PerLayerInjection_l(x, ple[:, :, l])     (only on PLE layers)
     logits = head(norm(x))
 
+`embed` is the first line and `run_layers` the loop and final norm, so a caller with inputs of its own
+(plelab.vision: image patches, a PLE table indexed by patch ids) runs the same layers.
+
 That is `arch = "llama"`; `arch = "gemma4"` swaps the layers for transformers' Gemma 4 block
 (plelab/model/gemma4.py: sandwich norms, QK-norm, sliding/full attention, layer scalar), always scales the
 embedding and may soft-cap the logits.
@@ -286,16 +289,31 @@ class LanguageModel(nn.Module):
     def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
         """Final normed hidden states (B, T, H)."""
         self.check_ids(input_ids)
-        B, T = input_ids.shape
+        x = self.embed(input_ids)
+        ple = self.per_layer_inputs(input_ids, x) if self.per_layer_inputs is not None else None
+        return self.run_layers(x, ple, cache)
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """Token embeddings (B, T, H) as the first layer reads them (scaled by sqrt(H) where the config says)."""
         x = self.embed_tokens(input_ids)
         if self.config.scales_embedding:
             x = x * math.sqrt(self.config.hidden_size)
-        ple = self.per_layer_inputs(input_ids, x) if self.per_layer_inputs is not None else None
-        ples = [ple[:, :, self.ple_slot[i]] if i in self.ple_slot else None for i in range(len(self.layers))]
+        return x
+
+    def run_layers(self, x: Tensor, ple: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """Final normed hidden states (B, T, H) of the decoder layers run on embeddings `x` (B, T, H).
+
+        ple: the packed (B, T, L_ple, dP) PLE inputs (what `per_layer_inputs` returns; None for a model without
+        PLE). Split from `hidden_states` so a caller can build its own embeddings and PLE vectors
+        (plelab.vision: image patches, and a table indexed by patch ids).
+        """
+        T = x.shape[1]
+        ples = [ple[:, :, self.ple_slot[i]] if ple is not None and i in self.ple_slot else None
+                for i in range(len(self.layers))]
         if self.config.arch == "gemma4":
             x = gemma4_layers(self.layers, self.config, x, ples, cache)
         else:
-            cos, sin = self.rope_slice(cache.pos if cache is not None else 0, T, input_ids.device)
+            cos, sin = self.rope_slice(cache.pos if cache is not None else 0, T, x.device)
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, ples[i], cache, i)
         if cache is not None:

@@ -9,6 +9,7 @@ from typing import Any
 from plelab.model.config import ModelConfig
 from plelab.model.presets import load_model_config
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
+from plelab.vision.config import VisionConfig, check_vision_run
 
 
 @dataclass
@@ -78,6 +79,11 @@ class TrainConfig:
     """Evaluate on eval_data every N steps (0 = only at the end)."""
     eval_tokens: int = 16384
     """Cap on tokens per domain for evaluations during training."""
+    eval_timeline: int = 0
+    """Also evaluate on eval_data at this many log-spaced steps (so token counts) from the end of warmup
+    (step max(1, warmup_steps)) to max_steps, both included: the gap timeline sweeps record (0 = off; else
+    >= 2). Steps are rounded to the nearest integer and a point that rounds onto its predecessor moves to the
+    next step, so every point is distinct (plelab.training.standard_callbacks.timeline_steps)."""
     ckpt_every: int = 100
     """Write a checkpoint every N steps (and at the end)."""
     keep_checkpoints: int = 2
@@ -92,6 +98,9 @@ class TrainConfig:
     """Also log to TensorBoard (RUN_DIR/tb) when tensorboard is installed."""
     wandb: bool = False
     """Also log to Weights & Biases when wandb is installed (project 'plelab')."""
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    """Image + caption training (plelab.vision); off unless vision.corpus is set, and then left out of the
+    recorded config (existing runs and sweep hashes are unchanged)."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_steps", "log_every", "ckpt_every", "keep_checkpoints",
@@ -104,6 +113,10 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        first = min(max(1, self.warmup_steps), self.max_steps)
+        if self.eval_timeline and not 2 <= self.eval_timeline <= self.max_steps - first + 1:
+            raise ConfigError(f"eval_timeline must be 0 (off) or 2..{self.max_steps - first + 1} (distinct steps "
+                              f"from {first} to max_steps {self.max_steps}), got {self.eval_timeline}")
         if not 0 < self.early_warning_fraction <= 1:
             raise ConfigError(f"early_warning_fraction must be in (0, 1], got {self.early_warning_fraction}")
         if self.seq_len < 0 or self.seq_len > self.model.max_seq_len:
@@ -116,6 +129,8 @@ class TrainConfig:
             raise ConfigError(f"parallel must be none, ddp or fsdp, got {self.parallel!r}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+        if self.vision.enabled:
+            check_vision_run(self)
 
     @property
     def context(self) -> int:
@@ -141,4 +156,7 @@ def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] 
 
 def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """JSON-friendly dict of a TrainConfig (round-trips through load_train_config)."""
-    return to_dict(cfg)
+    out = to_dict(cfg)
+    if not cfg.vision.enabled:  # a text run records (and hashes) exactly what it did before [vision] existed
+        del out["vision"]
+    return out

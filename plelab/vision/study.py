@@ -1,0 +1,493 @@
+"""The visual PLE study (issue 9, SPEC §4): caption loss per config, paired Δ vs no visual PLE, the visual
+table's diagnostics beside random baselines, the loop-closing fix's effect, and the published figures.
+
+Reads a sweep folder whose runs train with `[vision]` (configs/sweeps/visual-ple-study.toml): one variant per
+config, the baseline variant without visual PLE. Diagnostics run at report time on each finished run's last
+checkpoint (plelab.vision.diagnostics.diagnose_run) and are cached in DIR/vision_diagnostics.json, keyed by
+the checkpoint's path, so a second report is instant and a resumed or extended run is diagnosed again.
+`analyze_vision_study` is pure arithmetic on plain dicts, so each rule is tested on constructed numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from plelab.diagnostics.diagnose import jsonable
+from plelab.errors import PlelabError
+from plelab.experiments.ffn_study import load_study, mean_se, paired_delta, significance
+from plelab.experiments.report import Block, fmt, pm, write_pages
+from plelab.experiments.sweep import DB_FILE
+from plelab.experiments.sweep_store import SweepStore
+from plelab.util.fs import atomic_write_bytes
+from plelab.vision.diagnostics import RULES as DIAGNOSTIC_RULES
+from plelab.vision.diagnostics import headline
+
+DIAG_FILE = "vision_diagnostics.json"
+"""In the sweep folder: {run name: diagnose_run(...)} of the checkpoints last diagnosed."""
+DIAG_VERSION = 1
+"""Bumped when the diagnostics' rules change, so cached entries made under older rules are recomputed."""
+DOMAIN = "captions"
+"""The evaluation domain a vision run records (plelab.vision.train.EVAL_DOMAIN)."""
+STATS = ("mean_abs_cosine", "mean_cosine", "effective_rank", "pc1_explained_variance")
+
+RULES = {
+    "loss": f"final caption loss on the held-out split ('{DOMAIN}'), nats per caption token; mean ± s.e. over seeds",
+    "pairing": "Δ = config − no visual PLE, run by run with the same seed (same trunk init and image order); "
+               "mean ± s.e. = sd/√n over the paired seeds",
+    "helps": "a config helps when its paired Δ is significantly below 0 and hurts when significantly above: "
+             "|mean| > t(0.975, n−1) × s.e. (two-sided 5 % paired t-test; t = 4.30 for 3 seeds); fewer than "
+             "2 paired seeds: no test",
+    "structured": "a config's table is structured when every diagnosed seed's table is structured by the "
+                  "diagnostics' rule (below), random-like when every seed's is random-like, mixed otherwise",
+    "best_tokenizer": "the tokenizer with the highest bias-corrected MI(patch id; digit label) on the held-out "
+                      "split (corpus manifest codebook_report.mi_bits), among the five (not the random control)",
+    "id_structure": "the Gaussian baseline is the null of an isotropic table; optimisation noise that is the same "
+                    "for every id but anisotropic (gradients living in a few directions) also fails it, random ids "
+                    "included. So the study's null for learned id structure is the random-id control: a config has "
+                    "id structure beyond the control when the effective rank (as a fraction of its maximum) of its "
+                    "table's centred change since initialisation is below the control's, paired by seed (same "
+                    "initial table), significantly by the paired t-test above",
+    "fix": "the fix (best tokenizer + aux loss λ) turns the table structured when the effective rank of its centred "
+           "change is significantly below that of the same corpus without the aux loss (paired by seed, the test "
+           "above); it beats no visual PLE when it helps (rule above)",
+    **{f"diagnostics_{k}": v for k, v in DIAGNOSTIC_RULES.items()},
+}
+
+# SPEC §4: five tokenizers, patch ids through PLE, 6,000 steps.
+PUBLISHED = {
+    "loss_delta": "0.001-0.002 nats for all five tokenizers, indistinguishable from random ids",
+    "mean_cosine": 0.000, "effective_rank": 255.1, "max_rank": 256, "pc1_explained_variance": 0.011,
+    "random_pc1_explained_variance": 0.004, "steps": 6000,
+}
+
+
+# ----------------------------------------------------------------------------------------------- analysis
+def config_facts(config: dict[str, Any], corpora: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What a run config trains: the visual tokenizer (from its corpus's manifest), dP, λ and the corpus's MI."""
+    vision = (config or {}).get("vision") or {}
+    corpus = str(vision.get("corpus", ""))
+    manifest = corpora.get(corpus) or {}
+    report = manifest.get("codebook_report") or {}
+    ple_dim = int(vision.get("ple_dim") or 0)
+    return {"corpus": corpus, "tokenizer": manifest.get("tokenizer_kind") if ple_dim else None,
+            "ple_dim": ple_dim, "aux_weight": float(vision.get("aux_weight") or 0.0),
+            "mi_bits": report.get("mi_bits"), "mi_floor": report.get("mi_bits_random"),
+            "usage_perplexity": report.get("usage_perplexity")}
+
+
+def _table_summary(diags: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Mean over seeds of the whole-table statistics per view, seed counts of random-like and verdicts."""
+    views = {}
+    for view in ("table", "delta"):
+        heads = [headline(d["table"], view) for d in diags]
+        views[view] = {k: _mean([h.get(k) for h in heads]) for k in (*STATS, *(f"random_{s}" for s in STATS),
+                                                                     "max_rank")}
+    flags = [d["table"].get("random_like") for d in diags]
+    known = [f for f in flags if f is not None]
+    structured = (None if not known else "random-like" if all(known) else
+                  "structured" if not any(known) else "mixed")
+    verdicts: dict[str, int] = {}
+    for d in diags:
+        v = d["verdict"]["verdict"]
+        verdicts[v] = verdicts.get(v, 0) + 1
+    abl = [d["ablation"]["delta"] for d in diags if d.get("ablation")]
+    ratios = [_mean(list(d.get("injection_ratio", {}).values())) for d in diags]
+    abl_mean, abl_se = mean_se(abl) if abl else (None, None)
+    return {"views": views, "random_like_seeds": sum(bool(f) for f in known), "diagnosed": len(diags),
+            "structured": structured, "verdicts": verdicts, "ablation_delta": abl_mean, "ablation_se": abl_se,
+            "injection_ratio": _mean(ratios)}
+
+
+def analyze_vision_study(finals: dict[str, dict[int, dict[str, dict[str, float]]]], baseline: str,
+                         variants: Sequence[str], facts: dict[str, dict[str, Any]],
+                         diagnostics: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Per-config rows, the best tokenizer, the fix's effect and conclusions (see RULES).
+
+    finals: {variant: {seed: {domain: {"loss"}}}}; facts: {variant: config_facts(...)};
+    diagnostics: {variant: {seed: diagnose_run(...)}}.
+    """
+    losses = {v: {s: e[DOMAIN]["loss"] for s, e in finals.get(v, {}).items() if DOMAIN in e} for v in variants}
+    rows = {}
+    for v in variants:
+        mean, se = mean_se(list(losses[v].values())) if losses[v] else (None, None)
+        row: dict[str, Any] = {"variant": v, **facts.get(v, {}), "n": len(losses[v]), "loss": mean, "loss_se": se,
+                               "per_seed": losses[v]}
+        if v != baseline:
+            d = paired_delta(losses.get(baseline, {}), losses[v])
+            sig = significance(d["delta"], d["se"], d["n"])
+            row.update(delta=d["delta"] if d["n"] else None, delta_se=d["se"], delta_n=d["n"], delta_sig=sig,
+                       helps={-1: True, 0: False, 1: False, None: None}[sig])
+        seeds = {s: x for s, x in (diagnostics.get(v) or {}).items() if x.get("visual_ple")}
+        row["table"] = _table_summary(list(seeds.values())) if seeds else None
+        row["change_rank"] = {s: _rank_fraction(x) for s, x in seeds.items() if _finite(_rank_fraction(x))}
+        rows[v] = row
+    control = next((v for v, r in rows.items() if r.get("tokenizer") == "random" and r.get("ple_dim")
+                    and not r.get("aux_weight")), None)
+    for v, row in rows.items():
+        if control and v != control and row["change_rank"]:
+            row["vs_control"] = _structure_test(rows[control]["change_rank"], row["change_rank"])
+    best = _best_tokenizer(rows, baseline)
+    fixes = [_fix_effect(rows, v, baseline) for v in variants if rows[v].get("aux_weight")]
+    analysis = {"baseline": baseline, "variants": list(variants), "rows": rows, "control": control,
+                "best_tokenizer": best,
+                "fix": fixes, "rules": RULES, "published": PUBLISHED}
+    analysis["conclusions"] = _conclusions(analysis)
+    return analysis
+
+
+def _rank_fraction(diag: dict[str, Any]) -> float | None:
+    """Effective rank of the table's centred change since initialisation, as a fraction of its maximum."""
+    h = headline(diag["table"], "delta")
+    return h["effective_rank"] / h["max_rank"] if _finite(h["effective_rank"]) and h["max_rank"] else None
+
+
+def _structure_test(reference: dict[int, float], config: dict[int, float]) -> dict[str, Any]:
+    """Paired (by seed) change in effective-rank fraction vs a reference; structured = significantly lower."""
+    d = paired_delta(reference, config)
+    sig = significance(d["delta"], d["se"], d["n"])
+    return {"delta": d["delta"] if d["n"] else None, "se": d["se"], "n": d["n"],
+            "structured": None if sig is None else sig == -1}
+
+
+def _is_tokenizer_config(row: dict[str, Any]) -> bool:
+    return bool(row.get("ple_dim")) and not row.get("aux_weight") and row.get("tokenizer") not in (None, "random")
+
+
+def _best_tokenizer(rows: dict[str, dict[str, Any]], baseline: str) -> dict[str, Any] | None:
+    """The tokenizer config with the highest MI(patch id; label) (RULES['best_tokenizer']), or None."""
+    cands = [r for v, r in rows.items() if v != baseline and _is_tokenizer_config(r) and _finite(r.get("mi_bits"))]
+    if not cands:
+        return None
+    top = max(cands, key=lambda r: r["mi_bits"])
+    return {"variant": top["variant"], "tokenizer": top["tokenizer"], "mi_bits": top["mi_bits"],
+            "corpus": top["corpus"]}
+
+
+def _fix_effect(rows: dict[str, dict[str, Any]], variant: str, baseline: str) -> dict[str, Any]:
+    """The aux-loss config against the same corpus without the aux loss, and against no visual PLE."""
+    row = rows[variant]
+    ref = next((r for v, r in rows.items() if v != baseline and r.get("corpus") == row.get("corpus")
+                and r.get("ple_dim") and not r.get("aux_weight")), None)
+    mine = (row.get("table") or {}).get("structured")
+    theirs = (ref.get("table") or {}).get("structured") if ref else None
+    vs_ref = paired_delta(ref["per_seed"], row["per_seed"]) if ref else None
+    rank = _structure_test(ref["change_rank"], row["change_rank"]) if ref else None
+    return {"variant": variant, "aux_weight": row.get("aux_weight"), "tokenizer": row.get("tokenizer"),
+            "reference": ref["variant"] if ref else None, "structured": mine, "reference_structured": theirs,
+            "change_rank_vs_reference": rank,
+            "turned_structured": None if rank is None else rank["structured"],
+            "helps": row.get("helps"), "delta": row.get("delta"), "delta_se": row.get("delta_se"),
+            "delta_vs_reference": vs_ref["delta"] if vs_ref and vs_ref["n"] else None,
+            "delta_vs_reference_se": vs_ref["se"] if vs_ref else None}
+
+
+def _conclusions(a: dict[str, Any]) -> list[str]:
+    rows, out = a["rows"], []
+    toks = [r for v, r in rows.items() if v != a["baseline"] and r.get("ple_dim") and not r.get("aux_weight")]
+    if toks:
+        helped = [r["variant"] for r in toks if r.get("helps")]
+        random_like = [r["variant"] for r in toks if (r.get("table") or {}).get("structured") == "random-like"]
+        beyond = [r["variant"] for r in toks if (r.get("vs_control") or {}).get("structured")]
+        tested = [r for r in toks if (r.get("vs_control") or {}).get("structured") is not None]
+        out.append(f"Visual PLE without the aux loss: {len(helped)}/{len(toks)} configs lower the caption loss "
+                   f"significantly vs no visual PLE ({', '.join(helped) or 'none'}); tables random-like vs a "
+                   f"Gaussian table in {len(random_like)}/{len(toks)} ({', '.join(random_like) or 'none'}); id "
+                   f"structure beyond the random-id control ({a.get('control') or 'absent'}) in "
+                   f"{len(beyond)}/{len(tested)} tested ({', '.join(beyond) or 'none'}).")
+    best = a.get("best_tokenizer")
+    fixes = a.get("fix") or []
+    if best:
+        off = [f["variant"] for f in fixes if f.get("tokenizer") != best["tokenizer"]]
+        out.append(f"Best tokenizer by MI(patch id; label): {best['tokenizer']} ({best['mi_bits']:.3f} bits)."
+                   + (f" The fix configs {', '.join(off)} use another corpus: rerun them on {best['corpus']}."
+                      if off else ""))
+    for f in fixes:
+        table = {True: "turned the table structured", False: "did not turn the table structured",
+                 None: "table effect unknown (not diagnosed)"}[f["turned_structured"]]
+        loss = {True: "beats", False: "does not beat", None: "cannot yet be compared with"}[f["helps"]]
+        rank = f.get("change_rank_vs_reference") or {}
+        out.append(f"Fix {f['variant']} (λ = {f['aux_weight']:g}): {table} (effective-rank fraction of the change "
+                   f"vs {f['reference']}: {fmt(rank.get('delta'), '+.3f')} ± {fmt(rank.get('se'), '.3f')}; vs a "
+                   f"Gaussian table: {f['structured']}, without aux: {f['reference_structured']}); caption loss "
+                   f"{loss} no visual PLE "
+                   f"(Δ {fmt(f['delta'], '+.4f')} ± {fmt(f['delta_se'])}).")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the sweep
+def is_vision_sweep(folder: str | Path) -> bool:
+    """Does the sweep folder hold runs that train with [vision] on?"""
+    path = Path(folder) / DB_FILE
+    if not path.is_file():
+        return False
+    with SweepStore(path) as store:
+        return any(((r["config"] or {}).get("vision") or {}).get("corpus") for r in store.runs())
+
+
+def read_corpora(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{corpus path: its manifest.json} for the corpora the configs name (absent or unreadable ones left out)."""
+    out = {}
+    for cfg in configs.values():
+        corpus = str(((cfg or {}).get("vision") or {}).get("corpus", ""))
+        try:
+            out[corpus] = json.loads((Path(corpus) / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def run_diagnostics(folder: str | Path, run_dirs: dict[tuple[str, int], str],
+                    progress=lambda msg: None) -> dict[str, dict[int, dict[str, Any]]]:
+    """{variant: {seed: diagnose_run(...)}} for every finished run, from the cache where its checkpoint matches."""
+    from plelab.training.checkpoint import CheckpointError, resolve_checkpoint
+    from plelab.vision.diagnostics import diagnose_run
+
+    path = Path(folder) / DIAG_FILE
+    try:
+        cache = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        cache = {}
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    changed = False
+    for (variant, seed), run_dir in sorted(run_dirs.items()):
+        name = Path(run_dir).name
+        try:
+            ckpt = str(resolve_checkpoint(run_dir))
+        except CheckpointError as exc:
+            progress(f"{name}: no checkpoint to diagnose ({exc})")
+            continue
+        entry = cache.get(name) or {}
+        if entry.get("checkpoint") != ckpt or entry.get("version") != DIAG_VERSION:
+            progress(f"diagnosing {name} ({ckpt})")
+            try:
+                cache[name] = {**jsonable(diagnose_run(run_dir)), "version": DIAG_VERSION}
+            except PlelabError as exc:
+                progress(f"{name}: {exc}")
+                continue
+            changed = True
+        out.setdefault(variant, {})[seed] = cache[name]
+    if changed:
+        atomic_write_bytes(path, json.dumps(cache, indent=1).encode())
+    return out
+
+
+def study_analysis(folder: str | Path, progress=lambda msg: None) -> dict[str, Any]:
+    """Load the sweep, diagnose (or read the cache), analyse."""
+    data = load_study(folder)
+    corpora = read_corpora(data["configs"])
+    facts = {v: config_facts(cfg, corpora) for v, cfg in data["configs"].items()}
+    diags = run_diagnostics(folder, data["run_dirs"], progress)
+    analysis = analyze_vision_study(data["finals"], data["baseline"], data["variants"], facts, diags)
+    return {"sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
+            "total_runs": data["total_runs"], **analysis}
+
+
+# ----------------------------------------------------------------------------------------------- the report
+def _delta(row: dict[str, Any]) -> str:
+    if row.get("delta") is None:
+        return "-"
+    mark = {True: " (helps)", False: "", None: ""}[row.get("helps")]
+    if row.get("delta_sig") == 1:
+        mark = " (hurts)"
+    return f"{fmt(row['delta'], '+.4f')} ± {fmt(row.get('delta_se'))}{mark}"
+
+
+def _vs(test: dict[str, Any] | None) -> str:
+    if not test or test.get("delta") is None:
+        return "-"
+    answer = {True: "yes", False: "no", None: "?"}[test["structured"]]
+    return f"{fmt(test['delta'], '+.3f')} ± {fmt(test['se'], '.3f')} ({answer})"
+
+
+def _rank(view: dict[str, Any], key: str = "effective_rank") -> str:
+    return f"{fmt(view.get(key), '.1f')}/{fmt(view.get('max_rank'), '.0f')}"
+
+
+def loss_blocks(a: dict[str, Any]) -> list[Block]:
+    """Caption loss per config and Δ vs no visual PLE."""
+    rows = [[r["variant"], r.get("tokenizer") or "-", str(r.get("ple_dim") or 0), fmt(r.get("aux_weight"), "g"),
+             fmt(r.get("mi_bits"), ".3f"), str(r["n"]), pm(r["loss"], r["loss_se"]),
+             "reference" if v == a["baseline"] else _delta(r)] for v, r in a["rows"].items()]
+    return [("h", 2, "Caption loss"),
+            ("table", ["config", "visual tokenizer", "dP", "aux λ", "MI(id; digit) bits", "seeds",
+                       "caption loss (nats/token, ± s.e.)", f"Δ vs {a['baseline']} (paired, ± s.e.)"], rows)]
+
+
+def table_blocks(a: dict[str, Any]) -> list[Block]:
+    """The visual table's statistics per config beside the random baselines, both views, and the verdicts."""
+    out: list[Block] = [("h", 2, "The visual table (mean over seeds; random = Gaussian table of the same shape)")]
+    for view, label in (("table", "the table itself"), ("delta", "change since initialisation, centred over the ids")):
+        rows = []
+        for v, r in a["rows"].items():
+            t = r.get("table")
+            if not t:
+                continue
+            s = t["views"][view]
+            rows.append([v, f"{fmt(s.get('mean_abs_cosine'), '.3f')} ({fmt(s.get('random_mean_abs_cosine'), '.3f')})",
+                         f"{fmt(s.get('mean_cosine'), '+.3f')}",
+                         f"{_rank(s)} ({_rank(s, 'random_effective_rank')})",
+                         f"{fmt(s.get('pc1_explained_variance'), '.3f')} "
+                         f"({fmt(s.get('random_pc1_explained_variance'), '.3f')})"])
+        if rows:
+            out += [("p", f"View: {label}. Whole table (K x layers·dP); random baseline in brackets."),
+                    ("table", ["config", "mean |cos| (random)", "mean cos", "effective rank (random)",
+                               "PC1 variance (random)"], rows)]
+    rows = [[v, t["structured"] or "-", f"{t['random_like_seeds']}/{t['diagnosed']}",
+             _vs(r.get("vs_control")), ", ".join(f"{n} {k}" for k, n in sorted(t["verdicts"].items())),
+             pm(t["ablation_delta"], t["ablation_se"]), fmt(t["injection_ratio"], ".3f")]
+            for v, r in a["rows"].items() if (t := r.get("table"))]
+    if rows:
+        out += [("p", "Table vs Gaussian: the diagnostics' rule per seed. Vs the random-id control: paired change "
+                      "in the effective-rank fraction of the centred change since initialisation (negative = more "
+                      "structure than random ids), and whether it is significant (rules below)."),
+                ("table", ["config", "table vs Gaussian", "random-like seeds",
+                           f"vs control {a.get('control') or '-'} (Δ rank fraction ± s.e.)", "verdicts",
+                           "ablation Δ (± s.e. over seeds)", "injection ratio at patches"], rows)]
+    return out
+
+
+def fix_blocks(a: dict[str, Any]) -> list[Block]:
+    """The loop-closing fix against its no-aux reference and against no visual PLE."""
+    if not a["fix"]:
+        return []
+    rows = [[f["variant"], fmt(f["aux_weight"], "g"), f["reference"] or "-", f["reference_structured"] or "-",
+             f["structured"] or "-", _vs(f.get("change_rank_vs_reference")),
+             pm(f["delta_vs_reference"], f["delta_vs_reference_se"]), pm(f["delta"], f["delta_se"]),
+             {True: "yes", False: "no", None: "?"}[f["helps"]]] for f in a["fix"]]
+    best = a.get("best_tokenizer")
+    pick = (f"Best tokenizer by MI: **{best['tokenizer']}** ({best['mi_bits']:.3f} bits)." if best
+            else "Best tokenizer by MI: unknown (no tokenizer corpus but the random control has an MI in its "
+                 "manifest).")
+    return [("h", 2, "The fix: the ids become prediction targets"), ("p", pick),
+            ("table", ["config", "λ", "reference (no aux)", "reference vs Gaussian", "fix vs Gaussian",
+                       "Δ rank fraction vs reference (turned structured?)",
+                       "Δ vs reference", f"Δ vs {a['baseline']}", "beats no visual PLE?"], rows)]
+
+
+def published_blocks(a: dict[str, Any]) -> list[Block]:
+    """SPEC §4's published figures beside ours (the tokenizer configs without the aux loss, and the fix)."""
+    p = a["published"]
+    rows = [["published (SPEC §4, 6,000 steps)", p["loss_delta"], f"{p['mean_cosine']:.3f}",
+             f"{p['effective_rank']}/{p['max_rank']}",
+             f"{p['pc1_explained_variance']} (random {p['random_pc1_explained_variance']})"]]
+    for v, r in a["rows"].items():
+        t = r.get("table")
+        if t:
+            s = t["views"]["table"]
+            rows.append([v, _delta(r), fmt(s.get("mean_cosine"), "+.3f"), _rank(s),
+                         f"{fmt(s.get('pc1_explained_variance'), '.3f')} "
+                         f"(random {fmt(s.get('random_pc1_explained_variance'), '.3f')})"])
+    return [("h", 2, "Published figures beside ours"),
+            ("p", "The published table had 256 ids and a full-rank width (255.1/256); ours has K = 256 ids and "
+                  "layers·dP columns, so read effective rank against its own maximum and its random baseline."),
+            ("table", ["", "Δ loss vs no visual PLE", "mean cos", "effective rank", "PC1 variance"], rows)]
+
+
+def vision_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
+    """The whole report."""
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(a["counts"].items()))
+    blocks: list[Block] = [
+        ("h", 1, f"Visual PLE study: {a['sweep']}"),
+        ("p", f"Sweep folder `{a['folder']}`; runs: {counts} of {a['total_runs']}."),
+        ("h", 2, "Conclusions"), ("list", a["conclusions"] or ["No finished runs yet."]),
+    ]
+    blocks += loss_blocks(a) + table_blocks(a) + fix_blocks(a) + published_blocks(a)
+    blocks += [("h", 2, "Plots")] + [("img", stem, caption, figures[stem]) for stem, caption in FIGURE_CAPTIONS
+                                     if stem in figures]
+    blocks += [("h", 2, "Rules"), ("list", [f"{k}: {v}" for k, v in a["rules"].items()])]
+    return blocks
+
+
+FIGURE_CAPTIONS = (
+    ("vision_delta", "Δ caption loss vs no visual PLE per config (mean ± s.e. over paired seeds; dots: seeds)"),
+    ("vision_table", "Visual table statistics per config (bars) against a random Gaussian table of the same shape "
+                     "(black ticks); mean over seeds"),
+)
+
+
+def vision_figures(a: dict[str, Any]) -> dict[str, bytes]:
+    """{stem: PNG}: Δ loss with error bars, and table statistics vs random (empty where nothing to draw)."""
+    from plelab.experiments.plots import _png, plt
+
+    out = {}
+    rows = [r for v, r in a["rows"].items() if v != a["baseline"] and r.get("delta") is not None]
+    if rows:
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        x = list(range(len(rows)))
+        ax.errorbar(x, [r["delta"] for r in rows], yerr=[_nan0(r.get("delta_se")) for r in rows], fmt="o",
+                    color="k", capsize=4, zorder=3)
+        base = a["rows"].get(a["baseline"], {}).get("per_seed", {})
+        for i, r in enumerate(rows):
+            seeds = [r["per_seed"][s] - base[s] for s in r["per_seed"] if s in base]
+            ax.scatter([i] * len(seeds), seeds, s=12, color="0.55", zorder=2)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.axhspan(-0.002, 0.002, color="tab:red", alpha=0.12, label="published |Δ| ≤ 0.002")
+        ax.set_xticks(x, [r["variant"] for r in rows], rotation=30, ha="right")
+        ax.set_ylabel(f"caption loss − {a['baseline']} (nats/token)")
+        ax.set_title("Δ caption loss vs no visual PLE (negative = visual PLE helps)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        out["vision_delta"] = _png(fig)
+    rows = [r for r in a["rows"].values() if r.get("table")]
+    if rows:
+        fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+        for ax, key, label in zip(axes, ("mean_abs_cosine", "effective_rank", "pc1_explained_variance"),
+                                  ("mean |cos|", "effective rank / max", "PC1 variance fraction"), strict=True):
+            views = [r["table"]["views"]["table"] for r in rows]
+            scale = [(_nan0(s.get("max_rank")) or 1.0) if key == "effective_rank" else 1.0 for s in views]
+            x = list(range(len(rows)))
+            ax.bar(x, [_nan0(s.get(key)) / k for s, k in zip(views, scale, strict=True)], color="tab:blue")
+            ax.scatter(x, [_nan0(s.get(f"random_{key}")) / k for s, k in zip(views, scale, strict=True)],
+                       marker="_", s=300, color="k", zorder=3, label="random")
+            ax.set_xticks(x, [r["variant"] for r in rows], rotation=45, ha="right", fontsize=8)
+            ax.set_title(label)
+            ax.grid(alpha=0.3, axis="y")
+        axes[0].legend(fontsize=8)
+        out["vision_table"] = _png(fig)
+    return out
+
+
+def write_vision_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
+                        inputs: Sequence[str | Path] = ()) -> list[Path]:
+    """Write OUT/report.md, OUT/report.html and the PNGs under OUT/plots/; return the paths."""
+    figures = vision_figures(analysis)
+    return write_pages(vision_blocks(analysis, figures), f"plelab visual PLE study: {analysis['sweep']}", out_dir,
+                       figures, overwrite=overwrite, inputs=inputs)
+
+
+def run_vision_report(folder: str | Path, out: str | Path | None, *, overwrite: bool = False,
+                      as_json: bool = False) -> int:
+    """`plelab report DIR` on a vision sweep: diagnose (cached), analyse, write, print."""
+    from plelab.cli.common import print_json
+    from plelab.experiments.sweep import RESOLVED_FILE
+
+    folder = Path(folder)
+    analysis = study_analysis(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True))
+    target = Path(out or folder)
+    own = target.resolve() == folder.resolve()
+    paths = write_vision_report(analysis, target, overwrite=own or overwrite,
+                                inputs=(folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE))
+    if as_json:
+        print_json(jsonable(analysis))
+    else:
+        for p in paths:
+            print(p)
+    return 0
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _nan0(x: Any) -> float:
+    return float(x) if _finite(x) else 0.0
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    vals = [float(v) for v in values if _finite(v)]
+    return sum(vals) / len(vals) if vals else None
