@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from plelab.inference.device import choose_precision  # noqa: E402
 from plelab.model.config import ModelConfig  # noqa: E402
-from plelab.model.params import count_params, matmul_params, with_ple_dim  # noqa: E402
+from plelab.model.params import count_params, matmul_params, train_matmul_macs_per_token, with_ple_dim  # noqa: E402
 from plelab.model.presets import load_model_config  # noqa: E402
 from plelab.model.transformer import LanguageModel  # noqa: E402
 from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token  # noqa: E402
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
             "matmul_peak_samples": peaks,
             "matmul_peak_how": f"best of square fp32 GEMMs, size {peak_kw['size']}, at start / middle / end",
             "ours_tokens_per_s": tok_s,
-            "flops_per_token_6n": 6 * matmul_params(cfg),
+            "flops_per_token_6n": 6 * train_matmul_macs_per_token(cfg),
             "flops_per_token_with_attention": train_flops_per_token(cfg, args.seq),
             "mfu_6n": mfu(tok_s, cfg, peak, args.seq, attention=False),
             "mfu_with_attention": mfu(tok_s, cfg, peak, args.seq, attention=True),

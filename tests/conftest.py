@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from shared_data_helpers import REPO, SHARED_DATA
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("PLELAB_SHARED_DATA", REPO.parent / "shared" / "data"))
+__all__ = ["REPO", "SHARED_DATA"]
 
 
 @pytest.fixture(scope="session")

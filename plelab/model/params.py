@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from plelab.model.config import FFNConfig, ModelConfig
-from plelab.model.ffn import ffn_param_count
+from plelab.model.ffn import ffn_param_count, ffn_training_param_count
+from plelab.model.moe import MoE
 from plelab.model.ple import gate_shape, ple_param_count
 
 PLE_PARTS = ("ple_table", "ple_model_projection", "ple_per_layer")
@@ -78,15 +80,54 @@ def sweep_ple(cfg: ModelConfig, dims: list[int]) -> list[dict[str, int | float]]
     return rows
 
 
-def matmul_params(cfg: ModelConfig) -> int:
-    """Parameters that take part in a matmul per token (for MFU): everything but lookup tables and norms.
-
-    The output head counts (it is a V x H matmul even when tied); embedding and PLE-table lookups do not.
-    """
+def _non_ffn_matmul_params(cfg: ModelConfig) -> int:
+    """Matmul weights outside the FFNs: attention, the output head (even when tied), PLE projections and input gate."""
     c = count_params(cfg)
     head = cfg.vocab_size * cfg.hidden_size
     n_ple, dP, H = len(cfg.ple_layers), cfg.ple.dim, cfg.hidden_size
     ple_norms = (dP if cfg.ple.context and n_ple else 0) + (n_ple * H if cfg.ple.output_norm else 0)
     # A learned scalar/vector gate is an elementwise product; the input gate is a matmul and stays in.
     ple_gates = n_ple * math.prod(gate_shape(cfg)) if cfg.ple.gate != "input" else 0
-    return c["attention"] + c["ffn"] + head + c["ple_model_projection"] + c["ple_per_layer"] - ple_norms - ple_gates
+    return c["attention"] + head + c["ple_model_projection"] + c["ple_per_layer"] - ple_norms - ple_gates
+
+
+def _sum_over_ffns(cfg: ModelConfig, count: Callable[[int, FFNConfig], int]) -> int:
+    return sum(count(cfg.hidden_size, layer_ffn_config(cfg, layer)) for layer in range(cfg.num_layers))
+
+
+def ffn_train_macs_per_token(hidden: int, cfg: FFNConfig) -> int:
+    """Weight multiply-adds per token of one FFN's training forward, as plelab/model/ffn.py runs it.
+
+    MoE: the router, top_k routed experts and the shared expert (dropless; a capacity factor drops some
+    assignments and runs fewer). MGLU: gate (W*m_i) x and up (W*(1-m_i)) x for each of the n_m masks, then down
+    (forming W*m_i is once per step, not per token). Pruned: every one of intermediate_size units runs until
+    export removes the dead ones. The others: each weight once.
+    """
+    if cfg.kind == "moe":
+        return MoE.active_param_count(hidden, cfg)
+    if cfg.kind == "mglu":
+        return (2 * cfg.mask_count + 1) * hidden * cfg.intermediate_size
+    return ffn_training_param_count(hidden, cfg)
+
+
+def training_ffn_params(cfg: ModelConfig) -> int:
+    """FFN parameters over all layers as built for training (MGLU masks in; a pruned FFN at intermediate_size)."""
+    return _sum_over_ffns(cfg, ffn_training_param_count)
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters that take part in a matmul, as the model is built for training: all but lookup tables, norms,
+    elementwise gates and MGLU's mask logits; every MoE expert; a pruned FFN at intermediate_size.
+
+    The output head counts (it is a V x H matmul even when tied); embedding and PLE-table lookups do not.
+    """
+    def ffn(hidden: int, ffn_cfg: FFNConfig) -> int:
+        return ffn_training_param_count(hidden, ffn_cfg) - ffn_param_count(hidden, ffn_cfg)["ffn_mask"]
+
+    return _non_ffn_matmul_params(cfg) + _sum_over_ffns(cfg, ffn)
+
+
+def train_matmul_macs_per_token(cfg: ModelConfig) -> int:
+    """Weight multiply-adds per token of a training forward (the N of MFU's 6N): `matmul_params`, with each FFN
+    counted as `ffn_train_macs_per_token` runs it (MoE: routed experts only; MGLU: its shared matrix 2 n_m times)."""
+    return _non_ffn_matmul_params(cfg) + _sum_over_ffns(cfg, ffn_train_macs_per_token)

@@ -1,7 +1,8 @@
 """Training memory and time planner: per-rank bytes of a DDP or FSDP run, the micro-batch that fits, GPU-hours.
 
-Every figure is bytes on one rank (GPU). P = trainable parameters without the PLE table, P_mm = the ones
-in matmuls (`plelab.model.params.matmul_params`), P_layer = one decoder layer's, P_root = the rest of P
+Every figure is bytes on one rank (GPU). P = trainable parameters without the PLE table, as the model is
+built for training (a pruned FFN at intermediate_size, not the prune_to it ships at), P_mm = the ones in
+matmuls (`plelab.model.params.matmul_params`), P_layer = one decoder layer's, P_root = the rest of P
 (embedding/head, PLE front end, final norm), N = ranks, R = ceil(V_ple / N) PLE-table rows per rank,
 W = L_ple * dP the table's row width, a = bytes per activation element (2 under bf16 autocast, 4 in fp32).
 
@@ -43,7 +44,8 @@ W = L_ple * dP the table's row width, a = bytes per activation element (2 under 
   gradient, tokens * V * (a + 4).
 - overhead: CUDA context, NCCL buffers and allocator fragmentation, a fixed `overhead` (default 3 GiB).
 
-Throughput: tokens/s per GPU = MFU * peak FLOP/s / (6 P_mm + 12 L T d_attn) (plelab.training.mfu), and
+Throughput: tokens/s per GPU = MFU * peak FLOP/s / (6 M + 12 L T d_attn), M the weight multiply-adds per
+token (P_mm, with a MoE's routed experts only and MGLU's shared matrix 2 n_m times; plelab.training.mfu), and
 GPU-hours = tokens / (tokens/s per GPU) / 3600. The MFU counts model FLOPs: activation checkpointing
 recomputes the forward, which shows up as a lower achievable MFU, not as more FLOPs.
 """
@@ -56,7 +58,7 @@ from typing import Any
 
 from plelab.errors import PlelabError
 from plelab.model.config import ModelConfig
-from plelab.model.params import count_params, matmul_params
+from plelab.model.params import count_params, matmul_params, training_ffn_params
 from plelab.training.config import TrainConfig
 from plelab.training.mfu import train_flops_per_token
 
@@ -130,9 +132,11 @@ class ParamSplit:
         c = count_params(cfg)
         Lp = len(cfg.ple_layers)
         per_layer_ple = c["ple_per_layer"] // Lp if Lp else 0
+        # count_params reports a pruned FFN as shipped (prune_to); training holds intermediate_size until export.
+        ffn = training_ffn_params(cfg)
         # The largest layer: attention, FFN, two norms and, where there is PLE, its injection.
-        layer = (c["attention"] + c["ffn"] + c["ffn_mask"]) // cfg.num_layers + 2 * cfg.hidden_size + per_layer_ple
-        dense = c["total"] - c["ple_table"]
+        layer = (c["attention"] + ffn) // cfg.num_layers + 2 * cfg.hidden_size + per_layer_ple
+        dense = c["total"] - c["ffn"] - c["ffn_mask"] + ffn - c["ple_table"]
         root = c["embedding"] + c["output_head"] + c["ple_model_projection"] + cfg.hidden_size
         return cls(dense, matmul_params(cfg), layer, root, c["ple_table"], cfg.ple_vocab_size, Lp * cfg.ple.dim)
 

@@ -2,11 +2,14 @@
 
 FLOPs per trained token (forward + backward, the PaLM / nanoGPT convention):
 
-    train_flops_per_token = 6 * N_matmul + 12 * L_attn * T * d_attn
+    train_flops_per_token = 6 * N + 12 * L_attn * T * d_attn
 
-- N_matmul = `plelab.model.params.matmul_params(cfg)`: every weight that takes part in a matmul per
-  token (attention, FFN, the output head even when tied, PLE projections and gates). Lookup tables
-  (main embedding, PLE table) and norm weights are excluded: a row gather is not arithmetic.
+- N = `plelab.model.params.train_matmul_macs_per_token(cfg)`: the weight multiply-adds one token's training
+  forward runs (attention, FFN, the output head even when tied, PLE projections and input gate). Lookup
+  tables (main embedding, PLE table) and norm weights are excluded: a row gather is not arithmetic. Per FFN
+  kind, what runs: a MoE token passes through the router and its top_k experts (plus the shared one), not
+  all experts; MGLU multiplies by its shared matrix twice per mask (gate W*m_i and up W*(1-m_i)) then by
+  down; a pruned FFN runs at intermediate_size until export (`plelab.model.params.ffn_train_macs_per_token`).
   6 = 2 (multiply + add) x 3 (forward, backward w.r.t. inputs, backward w.r.t. weights).
 - The attention term counts the two activation-activation matmuls per layer, Q K^T and A V, each
   2 * T * d_attn FLOPs per token in the forward pass (d_attn = num_heads * head_dim), times 3 for
@@ -25,7 +28,7 @@ import time
 import torch
 
 from plelab.model.config import ModelConfig
-from plelab.model.params import matmul_params
+from plelab.model.params import train_matmul_macs_per_token
 
 
 def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
@@ -53,17 +56,17 @@ def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int = 1024, se
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
-    """Training FLOPs per token: 6 * matmul params + 12 * L * T * d_attn (T defaults to cfg.max_seq_len)."""
+    """Training FLOPs per token: 6 * weight multiply-adds + 12 * L * T * d_attn (T defaults to cfg.max_seq_len)."""
     T = cfg.max_seq_len if seq_len is None else seq_len
     d_attn = cfg.num_heads * cfg.head_size
-    return 6 * matmul_params(cfg) + 12 * cfg.num_layers * T * d_attn
+    return 6 * train_matmul_macs_per_token(cfg) + 12 * cfg.num_layers * T * d_attn
 
 
 def mfu(
     tokens_per_s: float, cfg: ModelConfig, peak: float, seq_len: int | None = None, attention: bool = True
 ) -> float:
-    """Fraction of `peak` FLOP/s used at `tokens_per_s`; attention=False gives the 6 * N_matmul-only figure."""
+    """Fraction of `peak` FLOP/s used at `tokens_per_s`; attention=False gives the 6 * N-only figure."""
     if peak <= 0:
         raise ValueError(f"peak must be > 0, got {peak}")
-    per_token = train_flops_per_token(cfg, seq_len) if attention else 6 * matmul_params(cfg)
+    per_token = train_flops_per_token(cfg, seq_len) if attention else 6 * train_matmul_macs_per_token(cfg)
     return tokens_per_s * per_token / peak

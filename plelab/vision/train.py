@@ -54,24 +54,14 @@ def caption_loss(model: VisionPLEModel, data: VisionData, batch_size: int, autoc
 
 
 class CaptionEvaluator(Evaluator):
-    """Caption loss on the whole held-out split every eval_every steps and at the end, in the shape the
-    sweep runner records ({"domains": {"captions": {loss, tokens}}, "macro": {loss}})."""
+    """Caption loss on the whole held-out split, in the shape the sweep runner records ({"domains": {"captions":
+    {loss, tokens}}, "macro": {loss}}); the cadence, timeline, logging and resume bookkeeping are Evaluator's."""
 
-    def evaluate(self, trainer: Any, max_tokens: int | None = None) -> dict[str, Any]:
-        """Evaluate now (the whole held-out split whatever max_tokens says: it is small and deterministic), log
-        it and tell the other callbacks; the cadence and the bookkeeping are Evaluator's."""
+    def measure(self, trainer: Any, max_tokens: int | None) -> dict[str, Any]:
+        """The caption loss on the whole held-out split whatever max_tokens says (it is small and deterministic)."""
         cfg = trainer.config
         scores = caption_loss(trainer.model, trainer.data, cfg.batch_size, autocast_context(trainer.device, cfg.dtype))
-        results = {"domains": {EVAL_DOMAIN: scores}, "macro": {"loss": scores["loss"]}}
-        # The same record Evaluator.evaluate keeps (its on_train_end reuses `last` instead of evaluating again).
-        trainer.last_eval = results
-        line: dict[str, Any] = {"step": trainer.step, "eval": results}
-        if trainer.step in self.timeline:
-            line.update(timeline=True, tokens=trainer.tokens_seen)
-        trainer.log_metrics(line)
-        self.last = {"step": trainer.step, "max_tokens": max_tokens, "results": results}
-        trainer.dispatch("on_eval", results)
-        return results
+        return {"domains": {EVAL_DOMAIN: scores}, "macro": {"loss": scores["loss"]}}
 
 
 class VisionProgress(ProgressPrinter):

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
+from diagnostic_helpers import tiny_config
 
 from plelab.cli.main import main
 from plelab.data.prepare import prepare_dataset, train_tokenizer

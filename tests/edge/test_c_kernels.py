@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import lively_model
+from edge_helpers import lively_model
 from test_c_runtime import check_parity
 
 from plelab.edge import c_engine

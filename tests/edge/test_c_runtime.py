@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import lively_model
+from edge_helpers import lively_model
 
 from plelab.cli.main import main
 from plelab.edge import c_engine

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import lively_model
+from edge_helpers import lively_model
 
 from plelab.cli.main import main
 from plelab.data.tokenizer import Tokenizer

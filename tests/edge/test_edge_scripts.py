@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import lively_model
+from edge_helpers import lively_model
 
 from plelab.data.tokenizer import Tokenizer
 from plelab.training.checkpoint import save_checkpoint

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import lively_model
+from edge_helpers import lively_model
 from test_parity import runtime_logits, torch_logits
 
 from plelab.cli.main import main

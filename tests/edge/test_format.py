@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import lively_model
+from edge_helpers import lively_model
 
 from plelab.edge import format as fmt
 from plelab.edge.format import PleFile, PleFormatError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import lively_model
+from edge_helpers import lively_model
 
 from plelab.edge.runtime import EdgeModel
 from plelab.inference.generate import generate

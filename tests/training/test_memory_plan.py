@@ -32,10 +32,10 @@ from plelab.training.optim import Optimizer, model_config_for
 STATED_ERROR = 0.01  # docs/scaling.md quotes this bound
 
 
-def small_train(dP: int = 32, **fields):
+def small_train(dP: int = 32, ffn: dict | None = None, **fields):
     """A small config that none of the planner's coefficients were fitted on (odd head counts, H = 80)."""
     model = dict(vocab_size=1000, hidden_size=80, num_layers=3, num_heads=5, num_kv_heads=1, max_seq_len=64,
-                 ffn=dict(intermediate_size=200), ple=dict(dim=dP), kernels="off")
+                 ffn=dict(intermediate_size=200, **(ffn or {})), ple=dict(dim=dP), kernels="off")
     return load_train_config({"model": model, "batch_size": 4, "seq_len": 64, **fields})
 
 
@@ -100,8 +100,12 @@ def test_checkpointing_estimate_matches_the_measured_peak(dtype, dP):
     assert activation_bytes_per_token(big, checkpointing=True) < 0.2 * activation_bytes_per_token(big)
 
 
-def test_weights_gradients_and_optimizer_state_match_a_real_step():
-    train = small_train(32)
+# A pruned FFN trains at intermediate_size (its weights, gradients and Adam state) until export removes units.
+@pytest.mark.parametrize("ffn", [{}, {"kind": "pruned", "prune_to": 50}, {"kind": "mglu", "mask_count": 2},
+                                 {"kind": "moe", "num_experts": 4, "top_k": 2, "expert_size": 40}],
+                         ids=["swiglu", "pruned", "mglu", "moe"])
+def test_weights_gradients_and_optimizer_state_match_a_real_step(ffn):
+    train = small_train(32, ffn)
     torch.manual_seed(0)
     model = LanguageModel(model_config_for(train))
     opt = Optimizer(model, train)

@@ -6,7 +6,12 @@ import math
 import time
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from plelab.model.config import FFN_KINDS
+from plelab.model.ffn import build_ffn
+from plelab.model.params import ffn_train_macs_per_token, train_matmul_macs_per_token
 from plelab.model.presets import load_model_config
 from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token
 
@@ -26,6 +31,50 @@ def test_flops_per_token_by_hand() -> None:
     attention = 12 * 4 * 256 * 256  # 12 * L * T * (heads * head_dim)
     assert train_flops_per_token(cfg) == 6 * matmul + attention == 33_128_448
     assert train_flops_per_token(cfg, seq_len=128) == 6 * matmul + attention // 2
+
+
+# The BENCH model with another FFN -> that FFN's multiply-adds per token in one layer, counted by hand.
+FFN_BY_HAND = {
+    "swiglu": ([], 3 * 256 * 688),
+    # n_m = 2: the forward runs gate (W*m_i) x and up (W*(1-m_i)) x per mask, then down: 2 * 2 + 1 matmuls.
+    "mglu": (["ffn.kind=mglu", "ffn.mask_count=2"], (2 * 2 + 1) * 256 * 688),
+    "lowrank": (["ffn.kind=lowrank", "ffn.rank=32"], 2 * (256 * 32 + 32 * 688) + 688 * 256),
+    # Router 256 x 4, then 2 routed experts and the shared one, each 3 x 256 x 64; the 2 unrouted ones idle.
+    "moe": (["ffn.kind=moe", "ffn.num_experts=4", "ffn.top_k=2", "ffn.expert_size=64", "ffn.shared_expert=true"],
+            256 * 4 + (2 + 1) * 3 * 256 * 64),
+    # Trains at intermediate_size = 688 (the dead units still run) until export removes them.
+    "pruned": (["ffn.kind=pruned", "ffn.prune_to=300"], 3 * 256 * 688),
+}
+
+
+@pytest.mark.parametrize("kind", FFN_BY_HAND)
+def test_flops_per_token_by_hand_for_every_ffn_kind(kind: str) -> None:
+    overrides, ffn = FFN_BY_HAND[kind]
+    cfg = load_model_config(BENCH, overrides)
+    matmul = 4 * (196_608 + ffn) + 2_097_152
+    assert train_matmul_macs_per_token(cfg) == matmul
+    assert train_flops_per_token(cfg) == 6 * matmul + 12 * 4 * 256 * 256
+
+
+def test_every_ffn_kind_is_counted_by_hand() -> None:
+    assert set(FFN_BY_HAND) == set(FFN_KINDS)
+
+
+@pytest.mark.parametrize("kind", FFN_BY_HAND)
+def test_flops_per_token_match_what_a_training_step_of_the_ffn_runs(kind: str) -> None:
+    """torch's FLOP counter over one FFN's forward and backward agrees with 6 x its counted multiply-adds."""
+    overrides, _ = FFN_BY_HAND[kind]
+    cfg = load_model_config(BENCH, [*overrides, "hidden_size=32", "ffn.intermediate_size=24",
+                                    *(["ffn.expert_size=8"] if kind == "moe" else []),
+                                    *(["ffn.rank=4"] if kind == "lowrank" else []),
+                                    *(["ffn.prune_to=10"] if kind == "pruned" else [])])
+    torch.manual_seed(0)
+    ffn = build_ffn(cfg.hidden_size, cfg.ffn).train()
+    tokens = 40
+    x = torch.randn(tokens, cfg.hidden_size, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        ffn(x).square().sum().backward()
+    assert counter.get_total_flops() == 6 * tokens * ffn_train_macs_per_token(cfg.hidden_size, cfg.ffn)
 
 
 def test_flops_include_ple_projections_not_table() -> None:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA
+from shared_data_helpers import SHARED_DATA
 
 from plelab.errors import PlelabError
 from plelab.vision.codebook_stats import codebook_report, entropy_bits, mutual_information_bits

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA
+from shared_data_helpers import SHARED_DATA
 
 from plelab.errors import PlelabError
 from plelab.vision.patches import PatchError
