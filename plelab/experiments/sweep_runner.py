@@ -198,14 +198,26 @@ def read_timeline(run_dir: Path) -> list[dict[str, Any]]:
             for m in evals if m.get("timeline")]
 
 
-def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall: float) -> dict[str, Any]:
-    """The run's summary: headline numbers, final evaluation per domain, timeline, parameter counts, diagnostics."""
+def _param_counts(cfg: Any) -> dict[str, int]:
+    """count_params of the run's model; for a [vision] run, of the model it really trains (visual table included)."""
+    if cfg.vision.enabled:
+        from plelab.vision.data import corpus_facts, open_corpus
+        from plelab.vision.model import vision_param_counts
+
+        f = corpus_facts(open_corpus(cfg.vision.corpus, "valid"))
+        return vision_param_counts(cfg.model, cfg.vision.ple_dim, f["codebook"], f["patches"], f["patch_pixels"],
+                                   cfg.vision.aux_weight > 0)
     from plelab.model.params import count_params
 
+    return count_params(cfg.model)
+
+
+def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The run's summary: headline numbers, final evaluation per domain, timeline, parameter counts, diagnostics."""
     train, _ = read_metrics(run_dir)
     losses = [m["loss"] for m in train if m.get("loss") is not None]
     tail = losses[-max(1, round(TAIL_FRACTION * len(losses))):] if losses else []
-    params = count_params(point.config.model)
+    params = _param_counts(point.config)
     final_eval = final.get("final_eval") or {}
     diag = _diagnostics(run_dir)
     matches = diag.get("early_matches_final") or {}

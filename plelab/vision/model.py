@@ -139,6 +139,22 @@ class VisionPLEModel(nn.Module):
         return (logits if return_logits else None), cross_entropy(logits, targets)
 
 
+def vision_param_counts(model: ModelConfig, ple_dim: int, codebook: int, patches: int, patch_pixels: int,
+                        aux: bool) -> dict[str, int]:
+    """Exact parameter counts of a VisionPLEModel without building it: `count_params` of the trunk with its
+    visual table (whose PLE parts are the visual PLE: `ple_added`), plus the patch embedding, the patch
+    positions and the aux head, which are in `total` and `base_total` alike."""
+    from plelab.model.params import count_params
+
+    counts = count_params(visual_model_config(model, ple_dim, codebook))
+    H = model.hidden_size
+    vision_parts = patch_pixels * H + H + patches * H + (H * codebook if aux else 0)
+    counts["vision_inputs"] = vision_parts
+    counts["total"] += vision_parts
+    counts["base_total"] += vision_parts
+    return counts
+
+
 def caption_targets(captions: Tensor, lengths: Tensor, patches: int, bos_id: int | None = None) -> Tensor:
     """Next-token targets (B, P + T) for patches + captions: -100 at patches 0..P-2, the last patch predicts
     caption token 0, caption token t predicts t + 1; positions past a caption's length are -100. A leading

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from vision_helpers import PATCH, VOCAB, K, P, planted_split
@@ -9,7 +11,13 @@ from vision_helpers import PATCH, VOCAB, K, P, planted_split
 from plelab.model.config import ModelConfig
 from plelab.util.dataclass_config import ConfigError
 from plelab.vision.config import VisionConfig
-from plelab.vision.model import VisionBatch, VisionPLEModel, caption_targets, visual_model_config
+from plelab.vision.model import (
+    VisionBatch,
+    VisionPLEModel,
+    caption_targets,
+    vision_param_counts,
+    visual_model_config,
+)
 
 H = 32
 
@@ -111,3 +119,15 @@ def test_bad_vision_config_is_one_line(fields, key):
     with pytest.raises(ConfigError, match=key) as err:
         VisionConfig(**fields)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("ple_dim, aux_weight", [(0, 0.0), (8, 0.0), (8, 0.5)])
+def test_analytic_parameter_counts_match_the_built_model(ple_dim, aux_weight):
+    model = make_model(ple_dim, aux_weight)
+    base = dataclasses.replace(model.config, ple=dataclasses.replace(model.config.ple, dim=0, vocab_size=None))
+    counts = vision_param_counts(base, ple_dim, K, P, PATCH * PATCH, aux_weight > 0)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    visual = model.visual_ple
+    table_and_injection = sum(p.numel() for n, p in model.named_parameters()
+                              if ".ple." in n or n.startswith("trunk.per_layer_inputs."))
+    assert counts["ple_added"] == (table_and_injection if visual is not None else 0)

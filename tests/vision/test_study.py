@@ -12,8 +12,9 @@ from vision_helpers import serve_planted_corpus
 
 from plelab.cli.main import main
 from plelab.cli.vision import TOKENIZER_CHOICES
-from plelab.experiments.sweep import load_sweep
+from plelab.experiments.sweep import DB_FILE, load_sweep
 from plelab.experiments.sweep_runner import run_sweep
+from plelab.experiments.sweep_store import SweepStore
 from plelab.vision import study
 from plelab.vision.diagnostics import table_report, vision_verdict
 from plelab.vision.study import DIAG_FILE, analyze_vision_study, is_vision_sweep
@@ -155,6 +156,9 @@ def test_plelab_report_on_a_vision_sweep_diagnoses_once_and_caches(monkeypatch, 
                        out=tmp_path / "sweep")
     assert run_sweep(sweep, quiet=True, say=lambda _: None) == {"done": 4}
     assert is_vision_sweep(tmp_path / "sweep")
+    with SweepStore(tmp_path / "sweep" / DB_FILE) as store:  # the sweep counts the model it trains
+        added = {r["name"].split(",")[0]: r["params_added"] for r in store.runs()}
+    assert added["variant=none"] == 0 and added["variant=fix"] > 0
     assert main(["report", str(tmp_path / "sweep"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["rows"]) == {"none", "fix"} and out["rows"]["fix"]["delta_n"] == 2
