@@ -66,15 +66,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def auxiliary_losses(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def aux_loss_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules that declare `aux_losses` (found once, so a step does not walk the module tree)."""
+    return [m for m in model.modules() if hasattr(m, "aux_losses")]
+
+
+def auxiliary_losses(model: torch.nn.Module | list[torch.nn.Module]) -> dict[str, torch.Tensor]:
     """Weighted auxiliary losses the last training forward left on submodules, by name.
 
     A module that has a training objective of its own (a mixture-of-experts router's balance loss, a visual
     model's patch-id prediction) sets `self.aux_losses = {name: weighted scalar}` in its forward; the trainer
     adds their sum to the loss it differentiates and logs each one, so `loss` itself stays comparable.
+    `model` may be the list `aux_loss_modules` returned.
     """
     out: dict[str, torch.Tensor] = {}
-    for module in model.modules():
+    for module in model if isinstance(model, list) else aux_loss_modules(model):
         for name, value in (getattr(module, "aux_losses", None) or {}).items():
             out[name] = out[name] + value if name in out else value
     return out
@@ -136,6 +142,7 @@ class Trainer:
             if cfg.compile:
                 self.model.compile()  # in place: parameter names (checkpoints) unchanged
             self.params = [p for p in self.model.parameters() if p.requires_grad]
+            self.aux_modules = aux_loss_modules(self.model)
             if resume:
                 self._resume()
             else:
@@ -314,7 +321,7 @@ class Trainer:
             with self.parallel.grad_sync(last=i == cfg.grad_accum - 1):
                 with self.precision.autocast(self.device):
                     _, loss = self.train_model(x, y, return_logits=False)
-                    aux = auxiliary_losses(self.model)
+                    aux = auxiliary_losses(self.aux_modules)
                 objective = loss + sum(aux.values()) if aux else loss
                 (objective / cfg.grad_accum).backward()
             total += float(loss.detach()) / cfg.grad_accum
