@@ -108,3 +108,20 @@ def test_sweep_files_without_variants_keep_their_run_names_and_config_hashes():
     config = sweep.points[0].config_dict()
     config["model"]["ffn"]["num_experts"] += 1
     assert config_hash(config) != recorded["seed=1,dim=0"]
+
+
+def test_the_ffn_study_file_states_the_widths_match_ffn_solves():
+    """configs/sweeps/ffn-study.toml writes its matched widths out (so the file says what ran): they must be what
+    budget.match_ffn solves against MGLU n_m = 1, or the study's equal-budget claim is false."""
+    from plelab.model.budget import FREE_WIDTH, inference_bytes, match_ffn
+
+    sweep = load_sweep(REPO / "configs/sweeps/ffn-study.toml", ["grid.seed=[1]"])
+    models = {p.variant: p.config.model for p in sweep.points}
+    matched = ["swiglu_narrow", "lowrank", "pruned", "moe"]
+    for name in matched:
+        cfg, field = models[name], FREE_WIDTH[models[name].ffn.kind]
+        solved = match_ffn(cfg, models["mglu1"], "inference_bytes")
+        assert getattr(solved.ffn, field) == getattr(cfg.ffn, field), name
+    budget = inference_bytes(models["mglu1"])
+    assert all(inference_bytes(models[n]) <= budget for n in matched)
+    assert inference_bytes(models["swiglu"]) > budget  # the reference is the one variant left above the budget
