@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from plelab.diagnostics.verdict import ALIVE_DELTA
+
 FRACTIONS = (0.05, 0.1, 0.15, 0.2)
 """Where in training (fraction of the run's total steps) the candidates are read."""
 
@@ -110,21 +112,55 @@ def _best_threshold(pairs: list[tuple[float, str]]) -> tuple[int, float, float]:
     return best
 
 
+def _pairs(runs: Sequence[dict[str, Any]], fraction: float, name: str) -> list[tuple[float, str]]:
+    """(signal value, final label) of every run that has both at this fraction."""
+    pairs = [(r["signals"][fraction][name], _label(r["verdict"])) for r in runs
+             if _label(r.get("verdict")) and r["signals"].get(fraction, {}).get(name) is not None]
+    return [(v, lab) for v, lab in pairs if math.isfinite(v)]
+
+
+def _verdict_line_rule(runs: Sequence[dict[str, Any]], label: str,
+                       fractions: Sequence[float]) -> dict[str, Any] | None:
+    """When every run ends `label`: the final verdict's own line applied early, at the best (then earliest) fraction.
+
+    A threshold fitted to one class would sit anywhere beyond the data, so none is fitted: the monitor's ablation
+    delta is held against ALIVE_DELTA, the line the final verdict uses, and only the fraction is chosen.
+    """
+    best: tuple | None = None
+    for fi, f in enumerate(fractions):
+        pairs = _pairs(runs, f, "ablation_delta")
+        if pairs:
+            correct = sum((v > ALIVE_DELTA) == (lab == "alive") for v, lab in pairs)
+            if best is None or (correct / len(pairs), -fi) > best[0]:
+                best = ((correct / len(pairs), -fi), f, correct, len(pairs))
+    if best is None:
+        return None
+    _, f, correct, n = best
+    other = "not alive" if label == "alive" else "alive"
+    return {"signal": "ablation_delta", "fraction": f, "threshold": ALIVE_DELTA, "fit_correct": correct, "fit_n": n,
+            "fit_accuracy": correct / n, "description": SIGNALS["ablation_delta"][0], "one_class": label,
+            "note": f"every fit run ended {label}: the threshold is the final verdict's own alive line "
+                    f"({ALIVE_DELTA:g} nats), not fitted; only the fraction was chosen, and how the rule does on runs "
+                    f"that end {other} is untested"}
+
+
 def choose_rule(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRACTIONS) -> dict[str, Any] | None:
     """The best single-threshold rule on these runs; runs: {'signals': run_signals(...), 'verdict': final verdict}.
 
     Best = most runs right, then the earliest fraction, then the widest margin (log ratio of the two values the
-    threshold separates), then SIGNALS order. None when no run has both a verdict and a signal, or when the runs'
-    verdicts are all alive or all not alive (any threshold beyond the data would 'fit', and predict nothing).
+    threshold separates), then SIGNALS order. When the runs' verdicts are all alive or all not alive, any
+    threshold beyond the data would 'fit', so `_verdict_line_rule` is used instead (marked `one_class`). None
+    when no run has both a verdict and a signal.
     """
-    if len({_label(r.get("verdict")) for r in runs} - {None}) < 2:
+    labels = {_label(r.get("verdict")) for r in runs} - {None}
+    if len(labels) == 1:
+        return _verdict_line_rule(runs, labels.pop(), fractions)
+    if not labels:
         return None
     best: tuple | None = None
     for fi, f in enumerate(fractions):
         for si, name in enumerate(SIGNALS):
-            pairs = [(r["signals"][f][name], _label(r["verdict"])) for r in runs
-                     if _label(r.get("verdict")) and r["signals"].get(f, {}).get(name) is not None]
-            pairs = [(v, lab) for v, lab in pairs if math.isfinite(v)]
+            pairs = _pairs(runs, f, name)
             if not pairs:
                 continue
             correct, threshold, margin = _best_threshold(pairs)
@@ -158,8 +194,9 @@ def evaluate_rule(rule: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[
 
 def describe_rule(rule: dict[str, Any]) -> str:
     """The rule in one line."""
-    return (f"alive if {rule['signal']} at {rule['fraction']:.0%} of training > {rule['threshold']:.4g} "
+    text = (f"alive if {rule['signal']} at {rule['fraction']:.0%} of training > {rule['threshold']:.4g} "
             f"({rule.get('description') or SIGNALS[rule['signal']][0]})")
+    return f"{text} [{rule['note']}]" if rule.get("note") else text
 
 
 def predict_run(metrics: Sequence[dict[str, Any]], total_steps: int, rule: dict[str, Any] | None) -> dict[str, Any]:

@@ -195,8 +195,7 @@ def width_table(runs: Sequence[dict[str, Any]], loss_key: str) -> dict[str, Any]
 def _early(train: Sequence[dict[str, Any]], test: Sequence[dict[str, Any]]) -> dict[str, Any]:
     rule = E.choose_rule(train)
     if rule is None:
-        return {"rule": None, "reason": "the fit widths' runs give nothing to separate (their final verdicts are all "
-                "alive or all not alive, or no run has both a verdict and a logged signal at 5-20 % of training)"}
+        return {"rule": None, "reason": "no fit run has both a final verdict and a logged signal at 5-20 % of training"}
     return {"rule": rule, "fit": E.evaluate_rule(rule, train), "test": E.evaluate_rule(rule, test) if test else None,
             "text": E.describe_rule(rule)}
 

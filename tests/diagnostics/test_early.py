@@ -73,8 +73,31 @@ def test_weak_counts_as_not_alive_and_a_missing_signal_is_counted_apart():
     assert apply_rule(rule, None) is None and apply_rule(rule, 0.011) == "alive"
     assert choose_rule([{"signals": {}, "verdict": "alive"}]) is None
     same = [{"signals": {0.1: {"ablation_delta": v}}, "verdict": "dead"} for v in (0.1, 0.2)]
-    assert choose_rule(same) is None  # nothing to separate: no rule rather than "threshold above everything"
+    assert choose_rule(same)["one_class"] == "not alive"  # nothing to separate: no fitted threshold (next test)
     assert choose_rule([*same, {"signals": {0.1: {"ablation_delta": 0.3}}, "verdict": "alive"}])["threshold"] > 0.2
+
+
+def test_runs_that_all_end_alive_get_the_verdicts_own_line_at_the_earliest_fraction_it_holds():
+    """Trained models can all end alive: a fitted threshold would sit anywhere below the data, so the rule keeps
+    the final verdict's 0.01-nat line and only picks the fraction; its note says the dead side is untested."""
+    def alive_run(early_deltas: dict[float, float]) -> dict:
+        return {"signals": {f: {"ablation_delta": d, "table_movement": 1.0} for f, d in early_deltas.items()},
+                "verdict": "alive"}
+
+    # At 5 % (the injection trough) nothing shows yet; at 10 % two of three runs cross 0.01; at 15 % all do.
+    runs = [alive_run({0.05: 0.0, 0.1: 0.02, 0.15: 0.05, 0.2: 0.1}),
+            alive_run({0.05: 0.001, 0.1: 0.005, 0.15: 0.03, 0.2: 0.2}),
+            alive_run({0.05: -0.0, 0.1: 0.04, 0.15: 0.08, 0.2: 0.3})]
+    rule = choose_rule(runs)
+    assert (rule["signal"], rule["fraction"], rule["threshold"]) == ("ablation_delta", 0.15, 0.01)
+    assert (rule["fit_correct"], rule["fit_n"], rule["one_class"]) == (3, 3, "alive")
+    assert "untested" in describe_rule(rule) and "not fitted" in describe_rule(rule)
+    # Held out, it is scored like any rule, and a run that ends dead is scored too when one exists.
+    held_out = [alive_run({0.15: 0.02}), alive_run({0.15: 0.004}),
+                {"signals": {0.15: {"ablation_delta": 0.003}}, "verdict": "dead"}]
+    assert evaluate_rule(rule, held_out)["confusion"] == {"predicted alive, final alive": 1,
+                                                          "predicted not alive, final alive": 1,
+                                                          "predicted not alive, final not alive": 1}
 
 
 def test_monitor_logs_every_candidate_signal(tmp_path, make_model, chain, eval_batches):
