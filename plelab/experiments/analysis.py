@@ -23,6 +23,10 @@ SEED_KEY = "seed"
 NOISE_SIGMAS = 2.0
 """A change counts as real only beyond this many standard errors of the difference."""
 
+PAIRED_RULE = ("paired gain: delta = loss(dP) - loss(dP = 0) of the same seed; significant when its mean over the n "
+               "seeds is below -t x s.e., t = t(0.975, n - 1) (two-sided 5 % paired t-test: 4.30 s.e. for 3 seeds, "
+               "12.7 for 2)")
+
 CLASSES = ("dead zone", "transition", "diminishing returns", "improvement", "worse", "n/a")
 
 STEP_RULES = [
@@ -50,6 +54,18 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if n < 2:
         return mean, math.nan
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+# Student's t quantile t_{0.975, df} for df = 1..30; above 30 the normal 1.96 is within 2 %.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_critical(n: int) -> float:
+    """t_{0.975, n-1}: the two-sided 5 % threshold in s.e. for a mean of n paired differences (NaN for n < 2)."""
+    if n < 2:
+        return math.nan
+    return _T975[n - 2] if n - 1 <= len(_T975) else 1.96
 
 
 def se_diff(std_a: float, n_a: int, std_b: float, n_b: int) -> float:
@@ -90,6 +106,7 @@ def paired_table(points: Iterable[dict[str, Any]], key: str = "loss") -> list[di
 
     Pairing removes what the seeds share (trunk init, data order), so the s.e. is that of the per-seed deltas,
     std/sqrt(n); seeds without a dP = 0 run (or without the value) are left out and counted in `unpaired`.
+    A gain is significant by a two-sided 5 % paired t-test (PAIRED_RULE): with 3 seeds that is 4.30 s.e., not 2.
     """
     by_dim: dict[int, dict[Any, float]] = {}
     for p in points:
@@ -104,13 +121,14 @@ def paired_table(points: Iterable[dict[str, Any]], key: str = "loss") -> list[di
         se = std / math.sqrt(len(deltas)) if len(deltas) > 1 else math.nan
         rows.append({"ple_dim": dim, "n": len(deltas), "seeds": sorted(deltas), "deltas": [deltas[s] for s in
                      sorted(deltas)], "delta_mean": mean, "delta_se": se,
-                     "unpaired": len(by_dim[dim]) - len(deltas), "gain_significant": _gain(mean, se)})
+                     "unpaired": len(by_dim[dim]) - len(deltas), "t": t_critical(len(deltas)),
+                     "gain_significant": _gain(mean, se, len(deltas))})
     return rows
 
 
-def _gain(delta: float, se: float) -> bool | None:
-    """Is a paired delta a significant gain (delta < -NOISE_SIGMAS s.e.)? None without a s.e."""
-    return None if not math.isfinite(se) else delta < -NOISE_SIGMAS * se
+def _gain(delta: float, se: float, n: int) -> bool | None:
+    """Is a mean of n paired deltas a significant gain (delta < -t_{0.975, n-1} s.e.)? None without a s.e."""
+    return None if not math.isfinite(se) else delta < -t_critical(n) * se
 
 
 def _significant(delta: float, noise: float) -> bool | None:

@@ -43,7 +43,7 @@ from typing import Any
 from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
-from plelab.experiments.analysis import SEED_KEY, mean_std
+from plelab.experiments.analysis import SEED_KEY, mean_std, t_critical
 from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE, VARIANT_KEY
 from plelab.experiments.sweep_store import SweepStore
 
@@ -55,10 +55,6 @@ EXPORT_DTYPE = "fp16"
 """Export precision the study's inference bytes are counted at."""
 DECODE_FILE = "decode.json"
 """In the sweep folder: {variant: measure_decode(...) result} for the variant's first seed."""
-
-# Student's t quantile t_{0.975, df} for df = 1..30; above 30 the normal 1.96 is within 2 %.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 VERDICTS = ("uniform degradation", "uniform gain", "trade-off", "degradation (not uniform)", "gain (not uniform)",
             "no difference", "n/a")
@@ -103,13 +99,6 @@ Timelines = dict[str, dict[int, list[dict[str, Any]]]]
 
 
 # ----------------------------------------------------------------------------------------------- statistics
-def t_critical(n: int) -> float:
-    """t_{0.975, n-1}: the two-sided 5 % threshold in s.e. for a mean of n paired differences (NaN for n < 2)."""
-    if n < 2:
-        return math.nan
-    return _T975[n - 2] if n - 1 <= len(_T975) else 1.96
-
-
 def paired_delta(base: dict[Any, float], variant: dict[Any, float]) -> dict[str, Any]:
     """Mean ± s.e. of variant[s] - base[s] over the seeds both have (s.e. NaN with fewer than two)."""
     seeds = sorted(s for s in variant if s in base and _finite(variant[s]) and _finite(base[s]))

@@ -19,7 +19,7 @@ from typing import Any
 from plelab.diagnostics import early as E
 from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
-from plelab.experiments.analysis import NOISE_SIGMAS, analyze_sweep, mean_std, paired_table
+from plelab.experiments.analysis import PAIRED_RULE, analyze_sweep, mean_std, paired_table
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_runner import read_metrics
 from plelab.experiments.sweep_store import SweepStore
@@ -35,8 +35,8 @@ SMOOTH_FRACTION = 0.05
 
 CRITERIA = {
     "alive": "smallest tested dP whose final ablation verdict is alive in every seed",
-    "gain": f"smallest tested dP whose paired loss delta vs dP = 0 is a gain beyond {NOISE_SIGMAS:g} s.e. "
-            f"(mean delta < -{NOISE_SIGMAS:g} x std/sqrt(seeds), at least two seeds)",
+    "gain": "smallest tested dP whose paired loss delta vs dP = 0 is a significant gain (mean delta < -t x "
+            "std/sqrt(seeds), t = t(0.975, seeds - 1): 4.30 for 3 seeds; at least two seeds)",
 }
 TRAINED_RULE = (f"trained (the loss has bent): over the last {TRAINED_LATE_FRACTION:.0%} of the logged steps the "
                 f"training loss drops by less than {TRAINED_MAX_LATE_SHARE:.0%} of its whole drop (each end the "
@@ -243,7 +243,7 @@ def law_analysis(runs: Sequence[dict[str, Any]], fit_widths: Sequence[int] | Non
     train = [r for r in runs if r["form"] == form and r["H"] in fit_widths and r["ple_dim"]]
     test = [r for r in runs if r["form"] == form and r["H"] in predict_widths and r["ple_dim"]]
     return jsonable({"form": form, "primary_loss": loss_key, "notes": notes, "criteria": CRITERIA,
-                      "trained_rule": TRAINED_RULE, "noise_sigmas": NOISE_SIGMAS, "widths": widths,
+                      "trained_rule": TRAINED_RULE, "paired_rule": PAIRED_RULE, "widths": widths,
                       "fit_widths": fit_widths, "law": law, "predictions": predictions,
                       "early": _early(train, test), "published": PUBLISHED})
 

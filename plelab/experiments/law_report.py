@@ -105,8 +105,8 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
         ("p", f"Primary loss: `{primary}` ({PRIMARY[primary]}); secondary: the macro over the 16 evaluation "
               "domains. Paired Δ = loss(dP) − loss(dP = 0) of the same "
               "seed (same trunk init and data order), mean ± s.e. over seeds."),
-        ("list", [f"{k}: {v}" for k, v in analysis["criteria"].items()] + [analysis["trained_rule"]]
-                 + analysis["notes"]),
+        ("list", [f"{k}: {v}" for k, v in analysis["criteria"].items()]
+                 + [analysis["trained_rule"], analysis["paired_rule"]] + analysis["notes"]),
     ]
     for w in analysis["widths"]:
         blocks += width_blocks(w, primary)

@@ -97,7 +97,7 @@ def paired_blocks(g: dict[str, Any]) -> list[Block]:
         if rows:
             out += [("h", 2, f"Paired Δ vs dP=0, same seed ({label})"),
                     ("table", ["dP", "seed pairs", "Δ (mean ± s.e. of the per-seed deltas)",
-                               f"gain beyond {NOISE_SIGMAS:g} s.e.?"], rows)]
+                               "significant gain (paired t, 5 %)?"], rows)]
     return out
 
 

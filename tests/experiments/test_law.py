@@ -61,11 +61,17 @@ def width_runs(width: int, c: float, form: str = "simple", gain: float = 0.05) -
 
 
 def test_paired_deltas_cancel_what_the_seed_shares():
-    points = [{"ple_dim": d, "seed": s, "loss": 5 + s + (-0.1 * s if d else 0)} for d in (0, 8) for s in (1, 2, 3)]
+    points = [{"ple_dim": d, "seed": s, "loss": 5 + s + (-0.2 - 0.01 * s if d else 0)} for d in (0, 8)
+              for s in (1, 2, 3)]
     (row,) = paired_table(points)
-    assert row["deltas"] == pytest.approx([-0.1, -0.2, -0.3])
-    assert row["delta_mean"] == pytest.approx(-0.2) and row["delta_se"] == pytest.approx(0.1 / math.sqrt(3))
-    assert row["gain_significant"] is True  # -0.2 < -2 x 0.058, though the seeds' losses differ by 1 nat
+    assert row["deltas"] == pytest.approx([-0.21, -0.22, -0.23])
+    assert row["delta_mean"] == pytest.approx(-0.22) and row["delta_se"] == pytest.approx(0.01 / math.sqrt(3))
+    assert row["gain_significant"] is True  # 38 s.e., though the seeds' losses differ by 1 nat
+    # A gain of 3.5 s.e. with 3 seeds is not significant: the paired t-test's line is t(0.975, 2) = 4.30 s.e.
+    spread = [{"ple_dim": d, "seed": s, "loss": 5 + s + (-0.1 * s if d else 0)} for d in (0, 8) for s in (1, 2, 3)]
+    (row,) = paired_table(spread)
+    assert row["delta_mean"] / row["delta_se"] == pytest.approx(-2 * math.sqrt(3))
+    assert row["t"] == pytest.approx(4.303) and row["gain_significant"] is False
     points.append({"ple_dim": 8, "seed": 4, "loss": 1.0})  # no dP = 0 run for seed 4: left out, counted
     assert paired_table(points)[0]["unpaired"] == 1
 
