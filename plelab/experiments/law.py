@@ -126,6 +126,11 @@ def upper(bracket: Sequence[float | None]) -> float:
     return math.inf if bracket[1] is None else float(bracket[1])
 
 
+def _at_least(dp: float) -> str:
+    """'dP >= x' for a suggested lower end; a fractional dP means every dP there is (the smallest is 1)."""
+    return "any dP >= 1" if dp <= 1 else f"dP >= {dp:.3g}"
+
+
 def _fmt(x: float) -> str:
     if not math.isfinite(x):
         return "inf"
@@ -307,9 +312,16 @@ def format_suggestion(advice: dict[str, Any]) -> str:
     if advice["measured"]:
         lo, hi = advice["range"][0], upper(advice["range"])
         early = advice.get("early_accuracy")
-        above = f"dP >= {hi:.3g}: alive in every seed" if math.isfinite(hi) else "no tested dP/H was alive everywhere"
-        lines.insert(0, f"{above}; dP <= {lo:.3g}: dead zone; between: unresolved by the grid "
-                        f"(dP*/H in ({_fmt(advice['c'][0])}, {_fmt(upper(advice['c']))}])")
+        c = f"dP*/H in ({_fmt(advice['c'][0])}, {_fmt(upper(advice['c']))}]"
+        if not math.isfinite(hi):
+            head = f"no tested dP/H was alive in every seed ({c})"
+        elif lo <= 0:  # the smallest dP tested at every fit width was already alive: no dead zone was found
+            head = (f"{_at_least(hi)}: alive in every seed; no dead zone was found (the smallest dP tested at every "
+                    f"fit width was alive, so {c} is an upper bound on the threshold, not its location)")
+        else:
+            head = (f"{_at_least(hi)}: alive in every seed; dP <= {lo:.3g}: dead zone; between: unresolved by the "
+                    f"grid ({c})")
+        lines.insert(0, head)
         lines.append(f"evidence: widths tested {advice['widths_tested']}, law fitted on {advice['fit_widths']}; "
                      + "; ".join(f"H={p['H']} {p['criterion']}: {p['outcome']}" for p in advice["predictions"] or [])
                      + (f"; early rule accuracy on the held-out width {early:.0%}" if early is not None else ""))

@@ -216,6 +216,15 @@ def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsy
     assert "H=128 alive: hit" in out and "90%" in out and "warning" not in out
     assert main(["params", "seed-3b", "--suggest-ple"]) == 0
     assert "outside the tested widths" in capsys.readouterr().out
+    # Alive at the smallest dP of every width: the law is an upper bound, and says so instead of "dP <= 0: dead".
+    law["law"]["c"] = [0.0, 1 / 64]
+    (tmp_path / "law.json").write_text(json.dumps(law))
+    assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=128"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[1]
+    assert head.startswith("dP >= 2: alive in every seed; no dead zone was found") and "upper bound" in head
+    assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=32"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("any dP >= 1: alive")
 
 
 def test_sweep_report_has_the_paired_table(finished_sweep, tmp_path):
