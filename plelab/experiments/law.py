@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from fractions import Fraction
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,33 @@ def _brackets_text(per: dict[int, Sequence[float]]) -> str:
     return "; ".join(f"H={h}: ({_fmt(lo)}, {_fmt(hi)}]" for h, (lo, hi) in per.items())
 
 
+def collapse(widths: Sequence[dict[str, Any]], form: str) -> dict[str, dict[str, Any]]:
+    """Is the paired gain a function of dP/H (the law's premise) or of dP itself? Per axis, every pair of widths
+    is compared where both tested the same axis value: z = (delta_1 - delta_2) / sqrt(se_1^2 + se_2^2).
+
+    The axis on which the widths' curves coincide has the smaller sum of z^2 per shared point (about 1 when they
+    coincide within noise). Descriptive: with 3 seeds each s.e. is itself noisy, so no p-value is claimed.
+    """
+    curves = {w["H"]: {r["ple_dim"]: r for r in w["paired"]
+                       if all(isinstance(r.get(k), float) and math.isfinite(r[k]) for k in ("delta_mean", "delta_se"))}
+              for w in widths if w["form"] == form}
+    out = {}
+    for axis, at in (("dP/H", lambda d, h: Fraction(d, h)), ("dP", lambda d, h: Fraction(d))):
+        points = []
+        for h1, h2 in combinations(sorted(curves), 2):
+            a = {at(d, h1): r for d, r in curves[h1].items()}
+            b = {at(d, h2): r for d, r in curves[h2].items()}
+            for x in sorted(set(a) & set(b)):
+                diff = a[x]["delta_mean"] - b[x]["delta_mean"]
+                se = math.hypot(a[x]["delta_se"], b[x]["delta_se"])
+                points.append({"H": [h1, h2], "x": float(x), "ple_dim": [a[x]["ple_dim"], b[x]["ple_dim"]],
+                               "diff": diff, "z": diff / se if se > 0 else math.nan})
+        zs = [p["z"] for p in points if math.isfinite(p["z"])]
+        out[axis] = {"points": points, "k": len(zs), "chi2_per_point": sum(z * z for z in zs) / len(zs) if zs else None,
+                     "mean_abs_diff": sum(abs(p["diff"]) for p in points) / len(points) if points else None}
+    return out
+
+
 # ------------------------------------------------------------------------------------------ gathering runs
 def form_of(config: dict[str, Any]) -> str:
     """'gemma' (input-dependent gate) or 'simple' (scalar / vector gate)."""
@@ -250,6 +279,7 @@ def law_analysis(runs: Sequence[dict[str, Any]], fit_widths: Sequence[int] | Non
     return jsonable({"form": form, "primary_loss": loss_key, "notes": notes, "criteria": CRITERIA,
                       "trained_rule": TRAINED_RULE, "paired_rule": PAIRED_RULE, "widths": widths,
                       "fit_widths": fit_widths, "law": law, "predictions": predictions,
+                      "collapse": collapse(widths, form),
                       "early": _early(train, test), "published": PUBLISHED})
 
 

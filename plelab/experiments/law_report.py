@@ -34,8 +34,12 @@ def _ratio(x: float) -> str:
     return "∞" if not math.isfinite(x) else "0" if x == 0 else f"1/{1 / x:.3g}"
 
 
-def law_figure(analysis: dict[str, Any]) -> bytes | None:
-    """Paired loss delta and ablation delta vs dP/H (log x), every width and form on the same two panels."""
+FIGURES = {"law_vs_ratio": "dP/H", "law_vs_dim": "dP"}
+"""plots/NAME.png -> the x axis it draws the widths' curves against."""
+
+
+def law_figure(analysis: dict[str, Any], axis: str = "dP/H") -> bytes | None:
+    """Paired loss delta and ablation delta vs dP/H or dP (log x), every width and form on the same two panels."""
     from plelab.experiments.plots import _png, plt
 
     widths = analysis["widths"]
@@ -45,26 +49,42 @@ def law_figure(analysis: dict[str, Any]) -> bytes | None:
     for w in widths:
         label = f"H={w['H']} ({w['form']})"
         style = "-o" if w["form"] == "simple" else "--s"
+        scale = w["H"] if axis == "dP/H" else 1
         for ax, rows, mean, se in ((top, w["paired"], "delta_mean", "delta_se"),
                                    (bottom, w["ablation"], "mean", "se")):
-            xs = [r["ple_dim"] / w["H"] for r in rows if r[mean] is not None]
+            xs = [r["ple_dim"] / scale for r in rows if r[mean] is not None]
             ys = [r[mean] for r in rows if r[mean] is not None]
             errs = [r[se] or 0.0 for r in rows if r[mean] is not None]
             if xs:
                 ax.errorbar(xs, ys, yerr=errs, fmt=style, capsize=3, label=label)
-    for p, color in zip(analysis.get("published", []), ("tab:orange", "tab:gray"), strict=False):
-        for ax in (top, bottom):
-            ax.axvspan(p["bracket"][0] / p["H"], p["bracket"][1] / p["H"], color=color, alpha=0.12, zorder=0,
-                       label=f"published: H={p['H']} ({p['criterion']})" if ax is top else None)
+    if axis == "dP/H":  # the published brackets are only comparable across widths as ratios
+        for p, color in zip(analysis.get("published", []), ("tab:orange", "tab:gray"), strict=False):
+            for ax in (top, bottom):
+                ax.axvspan(p["bracket"][0] / p["H"], p["bracket"][1] / p["H"], color=color, alpha=0.12, zorder=0,
+                           label=f"published: H={p['H']} ({p['criterion']})" if ax is top else None)
     top.axhline(0, color="k", lw=0.8)
     bottom.axhline(0.01, color="tab:green", lw=0.8, ls=":", label="alive above (0.01 nats)")
     top.set_ylabel(f"paired Δ {analysis['primary_loss']} loss vs dP=0\n(mean ± s.e. over seeds)")
     bottom.set_ylabel("ablation Δ (PLE off − on)\n(mean ± s.e. over seeds)")
     bottom.set_xscale("log", base=2)
-    bottom.set_xlabel("dP / H (shaded: published dP* brackets)")
+    bottom.set_xlabel("dP / H (shaded: published dP* brackets)" if axis == "dP/H" else "dP (per-layer PLE dimension)")
     top.legend(fontsize=8)
     bottom.legend(fontsize=8)
     return _png(fig)
+
+
+def collapse_blocks(analysis: dict[str, Any]) -> list[Block]:
+    """Which axis the widths' paired-gain curves share: dP/H (the law's premise) or dP."""
+    axes = analysis.get("collapse") or {}
+    if not any(a["k"] for a in axes.values()):
+        return []
+    rows = [[axis, str(a["k"]), fmt(a["mean_abs_diff"], ".4f"), fmt(a["chi2_per_point"], ".2f")]
+            for axis, a in axes.items()]
+    return [("h", 2, "Does the gain follow dP/H or dP?"),
+            ("p", "Every pair of widths compared where both tested the same value of the axis: z = difference of the "
+                  "paired Δ / its s.e. The curves coincide within noise on an axis whose mean z² is about 1. "
+                  "Descriptive only: each s.e. rests on 3 seeds."),
+            ("table", ["axis", "shared points", "mean |Δ difference| (nats)", "mean z²"], rows)]
 
 
 def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
@@ -128,34 +148,36 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
                           "the signal)." if test else "No held-out width has finished runs yet.")))
     else:
         blocks.append(("p", f"Early predictor: {early.get('reason', 'none')}."))
+    blocks += collapse_blocks(analysis)
     blocks.append(("h", 2, "Published points"))
     blocks.append(("table", ["source", "H", "form", "criterion", "dP* bracket", "note"],
                    [[p["source"], str(p["H"]), p["form"], p["criterion"], _bracket(p["bracket"], p["H"]), p["note"]]
                     for p in analysis["published"]]))
     if figure:
-        blocks.append(("img", "law_vs_ratio", "Paired loss Δ and ablation Δ vs dP/H, all widths", None))
+        blocks += [("img", name, f"Paired loss Δ and ablation Δ vs {axis}, all widths", None)
+                   for name, axis in FIGURES.items()]
     return blocks
 
 
 def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
                      inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/law.md, law.html, law.json, deadzone_law.json and plots/law_vs_ratio.png; return the paths."""
+    """Write OUT/law.md, law.html, law.json, deadzone_law.json and plots/law_vs_{ratio,dim}.png; return the paths."""
     out_dir = Path(out_dir)
     check_output_path(out_dir, overwrite=True, is_dir=True, inputs=tuple(inputs))
-    png = law_figure(analysis)
-    blocks = law_blocks(analysis, png is not None)
-    if png is not None:
-        blocks = [b if b[0] != "img" else (*b[:3], png) for b in blocks]
-    png_path = out_dir / "plots" / "law_vs_ratio.png"
-    files = {out_dir / "law.md": to_markdown(blocks, {"law_vs_ratio": os.path.relpath(png_path, out_dir)}).encode(),
+    pngs = {name: law_figure(analysis, axis) for name, axis in FIGURES.items()}
+    figure = all(png is not None for png in pngs.values())
+    blocks = [b if b[0] != "img" else (*b[:3], pngs[b[1]]) for b in law_blocks(analysis, figure)]
+    paths = {name: out_dir / "plots" / f"{name}.png" for name in FIGURES}
+    links = {name: os.path.relpath(path, out_dir) for name, path in paths.items()}
+    files = {out_dir / "law.md": to_markdown(blocks, links).encode(),
              out_dir / "law.html": to_html(blocks, "plelab: the dead-zone law").encode(),
              out_dir / "law.json": json.dumps(analysis, indent=2).encode(),
              out_dir / "deadzone_law.json": json.dumps(law_summary(analysis), indent=2).encode()}
-    if png is not None:
-        files[png_path] = png
+    if figure:
+        files.update({paths[name]: pngs[name] for name in FIGURES})
     for path in files:
         check_output_path(path, overwrite=overwrite, inputs=tuple(inputs))
-    png_path.parent.mkdir(parents=True, exist_ok=True)
+    (out_dir / "plots").mkdir(parents=True, exist_ok=True)
     for path, data in files.items():
         atomic_write_bytes(path, data)
     return list(files)

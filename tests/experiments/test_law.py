@@ -14,6 +14,7 @@ from plelab.errors import PlelabError
 from plelab.experiments.analysis import paired_table
 from plelab.experiments.law import (
     bracket_of,
+    collapse,
     fit_law,
     gather,
     law_analysis,
@@ -183,7 +184,8 @@ def test_report_law_freezes_the_prediction_once_then_scores_it(finished_sweep, t
     assert "prediction frozen" in out and (study / "prediction.json").is_file()
     frozen = json.loads((study / "prediction.json").read_text())
     assert [p["H"] for p in frozen["predictions"]] == [4096, 4096]
-    for name in ("law.md", "law.html", "law.json", "deadzone_law.json", "plots/law_vs_ratio.png"):
+    for name in ("law.md", "law.html", "law.json", "deadzone_law.json", "plots/law_vs_ratio.png",
+                 "plots/law_vs_dim.png"):
         assert (study / name).is_file(), name
     assert main(["report", str(study), "--law", "--predict", "4096"]) == 2
     assert "never overwritten" in capsys.readouterr().err
@@ -248,3 +250,25 @@ def test_predicting_a_width_that_has_already_run_is_refused(monkeypatch, tmp_pat
     assert not (tmp_path / "prediction.json").exists()
     assert law_report.run_law_report(tmp_path, None, predict=[256]) == 0  # fit on 32, 64, 128
     assert json.loads((tmp_path / "prediction.json").read_text())["fit_widths"] == [32, 64, 128]
+
+
+def _gain_curve(width: int, gain_of) -> dict:
+    """A width table whose paired delta at dP is -gain_of(dP, width), s.e. 0.01."""
+    return {"H": width, "form": "simple", "paired": [{"ple_dim": d, "delta_mean": -gain_of(d, width), "delta_se": 0.01}
+                                                     for d in (1, 2, 4, 8, 16)]}
+
+
+@pytest.mark.parametrize("truth, other", [("dP/H", "dP"), ("dP", "dP/H")])
+def test_collapse_finds_the_axis_the_widths_share(truth, other):
+    """Gains that depend only on dP/H coincide across widths on that axis (z ~ 0) and not on dP, and vice versa."""
+    def gain_of(dim: int, width: int) -> float:
+        x = dim / width if truth == "dP/H" else dim
+        return 0.1 * math.log2(1 + 64 * x) if truth == "dP/H" else 0.1 * math.log2(1 + x)
+
+    axes = collapse([_gain_curve(32, gain_of), _gain_curve(64, gain_of), {"H": 64, "form": "gemma", "paired": []}],
+                    "simple")
+    assert axes["dP/H"]["k"] == 4 and axes["dP"]["k"] == 5  # dP/H 1/32..1/4 and dP 1..16 are shared
+    assert axes[truth]["chi2_per_point"] == pytest.approx(0.0, abs=1e-12)
+    assert axes[other]["chi2_per_point"] > 9  # 3 s.e. apart on average
+    shared = {tuple(p["ple_dim"]) for p in axes["dP/H"]["points"]}
+    assert shared == {(2, 4), (4, 8), (8, 16), (1, 2)}  # H = 32's dP vs H = 64's dP at the same ratio
