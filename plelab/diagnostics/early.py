@@ -237,3 +237,47 @@ def format_prediction(report: dict[str, Any]) -> str:
         cells = [report["signals"][f].get(name) for f in report["signals"]]
         lines.append(f"{name:<20}" + "".join(f"{'-' if v is None else format(v, '.3g'):>11}" for v in cells))
     return "\n".join(lines)
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation; None with fewer than 3 pairs or a constant side."""
+    if len(xs) < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
+
+
+def tracks_gain(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRACTIONS) -> dict[str, dict[float, Any]]:
+    """How well each candidate, read early, ranks the runs' final gain: {signal: {fraction: {"rho", "n"}}}.
+
+    runs: {'signals': run_signals(...), 'gain': final loss gain of the run over its own dP = 0 run (positive =
+    better)}. A verdict can only say alive or not; when every run ends alive this is what is left to predict.
+    """
+    out: dict[str, dict[float, Any]] = {}
+    for name in SIGNALS:
+        out[name] = {}
+        for f in fractions:
+            pairs = [(r["signals"][f][name], r["gain"]) for r in runs
+                     if isinstance(r.get("gain"), float) and r["signals"].get(f, {}).get(name) is not None
+                     and math.isfinite(r["signals"][f][name])]
+            rho = spearman([p[0] for p in pairs], [p[1] for p in pairs])
+            out[name][f] = {"rho": rho, "n": len(pairs)}
+    return out

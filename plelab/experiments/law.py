@@ -226,12 +226,26 @@ def width_table(runs: Sequence[dict[str, Any]], loss_key: str) -> dict[str, Any]
             "trained": [{"name": r["name"], **r["trained"]} for r in runs]}
 
 
+def _with_gain(runs: Sequence[dict[str, Any]], loss_key: str) -> list[dict[str, Any]]:
+    """Each PLE run with 'gain' = its own dP = 0 run's loss minus its loss (same width, form, seed; None if none)."""
+    base = {(r["H"], r["form"], r["seed"]): r.get(loss_key) for r in runs if not r["ple_dim"]}
+    out = []
+    for r in runs:
+        if r["ple_dim"]:
+            b, v = base.get((r["H"], r["form"], r["seed"])), r.get(loss_key)
+            out.append({**r, "gain": float(b - v) if isinstance(b, (int, float)) and isinstance(v, (int, float))
+                        else None})
+    return out
+
+
 def _early(train: Sequence[dict[str, Any]], test: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    tracking = {"fit": E.tracks_gain(train), "test": E.tracks_gain(test) if test else None}
     rule = E.choose_rule(train)
     if rule is None:
-        return {"rule": None, "reason": "no fit run has both a final verdict and a logged signal at 5-20 % of training"}
+        return {"rule": None, "tracks_gain": tracking,
+                "reason": "no fit run has both a final verdict and a logged signal at 5-20 % of training"}
     return {"rule": rule, "fit": E.evaluate_rule(rule, train), "test": E.evaluate_rule(rule, test) if test else None,
-            "text": E.describe_rule(rule)}
+            "text": E.describe_rule(rule), "tracks_gain": tracking}
 
 
 def law_analysis(runs: Sequence[dict[str, Any]], fit_widths: Sequence[int] | None = None,
@@ -274,8 +288,9 @@ def law_analysis(runs: Sequence[dict[str, Any]], fit_widths: Sequence[int] | Non
             got = measured[h]["thresholds"][c]["bracket"] if h in measured else None
             predictions.append({"H": h, "criterion": c, "bracket": bracket, "measured": got,
                                 "outcome": outcome(bracket, got)})
-    train = [r for r in runs if r["form"] == form and r["H"] in fit_widths and r["ple_dim"]]
-    test = [r for r in runs if r["form"] == form and r["H"] in predict_widths and r["ple_dim"]]
+    scored = _with_gain(runs, loss_key)
+    train = [r for r in scored if r["form"] == form and r["H"] in fit_widths]
+    test = [r for r in scored if r["form"] == form and r["H"] in predict_widths]
     return jsonable({"form": form, "primary_loss": loss_key, "notes": notes, "criteria": CRITERIA,
                       "trained_rule": TRAINED_RULE, "paired_rule": PAIRED_RULE, "widths": widths,
                       "fit_widths": fit_widths, "law": law, "predictions": predictions,

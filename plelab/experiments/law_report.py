@@ -73,6 +73,28 @@ def law_figure(analysis: dict[str, Any], axis: str = "dP/H") -> bytes | None:
     return _png(fig)
 
 
+def tracking_blocks(tracking: dict[str, Any]) -> list[Block]:
+    """Spearman rho of each early candidate with the runs' final paired gain, fit widths (and held-out width)."""
+    fit, test = tracking.get("fit") or {}, tracking.get("test") or {}
+    fractions = sorted({float(f) for cells in fit.values() for f in cells})
+    if not fractions:
+        return []
+
+    def cell(cells: dict[Any, Any], f: float) -> str:
+        c = cells.get(f) or cells.get(str(f)) or {}
+        return "-" if c.get("rho") is None else f"{c['rho']:+.2f} ({c['n']})"
+
+    rows = [[name] + [cell(fit[name], f) for f in fractions] + ([cell(test.get(name) or {}, f) for f in fractions]
+                                                               if test else [])
+            for name in fit]
+    head = ["signal"] + [f"fit {f:.0%}" for f in fractions] + ([f"held-out {f:.0%}" for f in fractions] if test else [])
+    return [("h", 3, "Which early signal ranks the final gain?"),
+            ("p", "Spearman's ρ between a candidate read at a fraction of training and the run's final gain over its "
+                  "own dP = 0 run (primary loss; positive = a larger signal goes with a larger gain), over the PLE "
+                  "runs (n in brackets). Part of it is only dP itself, which raises both."),
+            ("table", head, rows)]
+
+
 def collapse_blocks(analysis: dict[str, Any]) -> list[Block]:
     """Which axis the widths' paired-gain curves share: dP/H (the law's premise) or dP."""
     axes = analysis.get("collapse") or {}
@@ -148,6 +170,7 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
                           "the signal)." if test else "No held-out width has finished runs yet.")))
     else:
         blocks.append(("p", f"Early predictor: {early.get('reason', 'none')}."))
+    blocks += tracking_blocks(early.get("tracks_gain") or {})
     blocks += collapse_blocks(analysis)
     blocks.append(("h", 2, "Published points"))
     blocks.append(("table", ["source", "H", "form", "criterion", "dP* bracket", "note"],

@@ -13,6 +13,8 @@ from plelab.diagnostics.early import (
     evaluate_rule,
     run_signals,
     signals_at,
+    spearman,
+    tracks_gain,
 )
 from plelab.diagnostics.monitor import PLEMonitor
 
@@ -154,3 +156,22 @@ def test_table_movement_is_the_relative_frobenius_change_read_in_chunks(tmp_path
         table[3].add_(0.5)
     expected = ((table.detach() - init).norm() / init.norm()).item()
     assert monitor._table_movement(model) == pytest.approx(expected, rel=1e-5)
+
+
+def test_spearman_on_known_orders_and_ties():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833)  # ties share their mean rank (scipy's)
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_tracks_gain_ranks_the_signal_that_follows_the_final_gain():
+    """Ablation at 10 % grows with the final gain; table movement is unrelated to it; at 5 % nothing is logged."""
+    gains = [0.05, 0.1, 0.2, 0.3, 0.4]
+    runs = [{"gain": g, "signals": {0.1: {"ablation_delta": g / 4, "table_movement": m}}}
+            for g, m in zip(gains, [0.3, 0.1, 0.5, 0.2, 0.4], strict=True)]
+    runs.append({"gain": None, "signals": {0.1: {"ablation_delta": 9.0}}})  # no dP = 0 partner: left out
+    result = tracks_gain(runs, (0.05, 0.1))
+    assert result["ablation_delta"][0.1] == {"rho": pytest.approx(1.0), "n": 5}
+    assert abs(result["table_movement"][0.1]["rho"]) < 0.5
+    assert result["ablation_delta"][0.05] == {"rho": None, "n": 0}

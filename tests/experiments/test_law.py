@@ -124,6 +124,13 @@ def test_study_predicts_the_third_width_then_scores_it(c128, expected):
     after = law_analysis(fit + width_runs(128, c128), prediction=frozen)
     assert {p["criterion"]: p["outcome"] for p in after["predictions"]} == {"alive": expected, "gain": expected}
     assert after["early"]["test"]["accuracy"] == 1.0 and after["early"]["test"]["n"] == 12
+    # Each run's gain is against its own seed's dP = 0 run (JSON keys: fractions as text): the injection ratio
+    # ranks it, table movement does not.
+    tracking = after["early"]["tracks_gain"]
+    injection = tracking["fit"]["injection_ratio"]["0.1"]
+    assert injection["n"] == 24 and injection["rho"] > 0.8
+    assert tracking["fit"]["table_movement"]["0.1"]["rho"] is None  # constant: no ranking
+    assert tracking["test"]["injection_ratio"]["0.1"]["n"] == 12
     summary = law_summary(after)
     assert summary["widths_tested"] == [32, 64, 128] and summary["early_rule"]["test_correct"] == 12
 
