@@ -80,8 +80,8 @@ def tracking_blocks(tracking: dict[str, Any]) -> list[Block]:
     if not fractions:
         return []
 
-    def cell(cells: dict[Any, Any], f: float) -> str:
-        c = cells.get(f) or cells.get(str(f)) or {}
+    def cell(cells: dict[str, Any], f: float) -> str:  # the analysis is JSON-shaped: fractions are text keys
+        c = cells.get(str(f)) or {}
         return "-" if c.get("rho") is None else f"{c['rho']:+.2f} ({c['n']})"
 
     rows = [[name] + [cell(fit[name], f) for f in fractions] + ([cell(test.get(name) or {}, f) for f in fractions]

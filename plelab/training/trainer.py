@@ -16,6 +16,7 @@ import math
 import random
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +72,15 @@ def aux_loss_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if hasattr(m, "aux_losses")]
 
 
-def auxiliary_losses(model: torch.nn.Module | list[torch.nn.Module]) -> dict[str, torch.Tensor]:
-    """Weighted auxiliary losses the last training forward left on submodules, by name.
+def auxiliary_losses(modules: Iterable[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """Weighted auxiliary losses the last training forward left on `modules` (`aux_loss_modules`), by name.
 
     A module that has a training objective of its own (a mixture-of-experts router's balance loss, a visual
     model's patch-id prediction) sets `self.aux_losses = {name: weighted scalar}` in its forward; the trainer
     adds their sum to the loss it differentiates and logs each one, so `loss` itself stays comparable.
-    `model` may be the list `aux_loss_modules` returned.
     """
     out: dict[str, torch.Tensor] = {}
-    for module in model if isinstance(model, list) else aux_loss_modules(model):
+    for module in modules:
         for name, value in (getattr(module, "aux_losses", None) or {}).items():
             out[name] = out[name] + value if name in out else value
     return out

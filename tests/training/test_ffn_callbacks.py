@@ -67,7 +67,7 @@ def test_moe_trains_with_router_metrics_and_loss_stays_pure_cross_entropy(data):
             x, y = trainer.data.next_batch()  # a training forward on an extra batch
             with torch.no_grad():
                 logits, loss = trainer.model(x, y, return_logits=True)
-            seen["loss"], seen["aux"] = float(loss), float(sum(auxiliary_losses(trainer.model).values()))
+            seen["loss"], seen["aux"] = float(loss), float(sum(auxiliary_losses(trainer.aux_modules).values()))
             seen["ce"] = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten()))
 
     trainer.callbacks.append(Objective())
