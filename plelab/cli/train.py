@@ -6,12 +6,16 @@ import argparse
 import dataclasses
 import json
 import textwrap
+import time
 from pathlib import Path
 
 from plelab.cli.common import add_command, add_set_flag
 from plelab.errors import PlelabError
 from plelab.training.config import load_train_config
 from plelab.training.run_dir import CONFIG_FILE, HISTORY_FILE, RESUMABLE_FIELDS
+
+# How long a non-reporting rank waits, after a user error, for rank 0 to print it and exit (see `run`).
+PEER_REPORT_WAIT_S = 30.0
 
 
 def add_parser(sub) -> None:
@@ -56,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
         abandon_group()
         if world.is_main:
             raise
-        return 2  # the same error (or a PeerError naming it) is printed once, by rank 0
+        # The same error (or a PeerError naming it) is printed once, by rank 0. Exiting first would race it:
+        # torchrun stops every worker as soon as one fails, and could kill rank 0 before it prints. So wait
+        # for rank 0 to fail first (torchrun then stops this rank); the bound only matters if it never does.
+        time.sleep(PEER_REPORT_WAIT_S)
+        return 2
 
 
 def _run(args: argparse.Namespace) -> int:
