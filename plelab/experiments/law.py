@@ -139,6 +139,20 @@ def _fmt(x: float) -> str:
     return f"1/{1 / x:.3g}" if 0 < x < 1 else f"{x:.3g}"
 
 
+def ratio_text(x: float) -> str:
+    """dP/H as a fraction: '1/64', '0', '∞'."""
+    return "∞" if not math.isfinite(x) else "0" if x == 0 else f"1/{1 / x:.3g}"
+
+
+def bracket_text(b: Sequence[float | None] | None, width: int | None = None) -> str:
+    """A dP* bracket as '(lo, hi]' ('> lo' when nothing tested met it, '-' when there is none), with dP/H if given H."""
+    if b is None:
+        return "-"
+    lo, hi = b[0], upper(b)
+    text = f"({lo:g}, {hi:g}]" if math.isfinite(hi) else f"> {lo:g} (none tested met it)"
+    return text if width is None else f"{text}, dP/H {ratio_text(lo / width)}–{ratio_text(hi / width)}"
+
+
 def _brackets_text(per: dict[int, Sequence[float]]) -> str:
     return "; ".join(f"H={h}: ({_fmt(lo)}, {_fmt(hi)}]" for h, (lo, hi) in per.items())
 
@@ -314,6 +328,8 @@ def law_summary(analysis: dict[str, Any]) -> dict[str, Any]:
             "law_gain": analysis["law"]["gain"], "fit_widths": analysis["fit_widths"],
             "widths_tested": sorted({w["H"] for w in analysis["widths"] if w["form"] == analysis["form"]}),
             "predictions": analysis["predictions"],
+            "measured": [{"H": w["H"], **{c: w["thresholds"][c]["bracket"] for c in CRITERIA}}
+                         for w in analysis["widths"] if w["form"] == analysis["form"]],
             "early_rule": None if early.get("rule") is None else {
                 **early["rule"], "test_widths": sorted({p["H"] for p in analysis["predictions"]}),
                 "test_correct": test.get("correct"), "test_n": test.get("n"), "test_accuracy": test.get("accuracy")}}
@@ -346,9 +362,15 @@ def suggest(width: int, law: dict[str, Any] | None) -> dict[str, Any]:
     if tested and not min(tested) <= width <= max(tested):
         warnings.append(f"H = {width} is outside the tested widths {tested}: this is an extrapolation")
     test = law.get("early_rule") or {}
+    for p in law.get("predictions") or []:
+        if p["criterion"] == "gain" and p["outcome"] == "miss":
+            warnings.append(f"the loss gain did not follow dP/H at H = {p['H']} (predicted dP* in "
+                            f"{bracket_text(p['bracket'])}, measured {bracket_text(p['measured'])}): a table that "
+                            "is alive need not pay; see the measured gain brackets and docs/deadzone-law.md")
     return {"H": width, "measured": True, "range": [c_lo * width, c_hi * width], "c": [c_lo, c_hi],
             "widths_tested": tested, "fit_widths": law.get("fit_widths"), "predictions": law.get("predictions"),
-            "early_accuracy": test.get("test_accuracy"), "warnings": warnings, "published": PUBLISHED}
+            "per_width": law.get("measured") or [], "early_accuracy": test.get("test_accuracy"),
+            "warnings": warnings, "published": PUBLISHED}
 
 
 def format_suggestion(advice: dict[str, Any]) -> str:
@@ -367,6 +389,9 @@ def format_suggestion(advice: dict[str, Any]) -> str:
             head = (f"{_at_least(hi)}: alive in every seed; dP <= {lo:.3g}: dead zone; between: unresolved by the "
                     f"grid ({c})")
         lines.insert(0, head)
+        if advice["per_width"]:
+            lines.append("measured dP* per width (alive in every seed / significant loss gain): " + "; ".join(
+                f"H={m['H']} {bracket_text(m['alive'])} / {bracket_text(m['gain'])}" for m in advice["per_width"]))
         lines.append(f"evidence: widths tested {advice['widths_tested']}, law fitted on {advice['fit_widths']}; "
                      + "; ".join(f"H={p['H']} {p['criterion']}: {p['outcome']}" for p in advice["predictions"] or [])
                      + (f"; early rule accuracy on the held-out width {early:.0%}" if early is not None else ""))

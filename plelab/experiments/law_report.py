@@ -8,30 +8,26 @@ result the study commits as plelab/experiments/deadzone_law.json).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
-from plelab.experiments.law import CRITERIA, PREDICTION_FILE, gather, law_analysis, law_summary, prediction_record
+from plelab.experiments.law import (
+    CRITERIA,
+    PREDICTION_FILE,
+    bracket_text,
+    gather,
+    law_analysis,
+    law_summary,
+    prediction_record,
+    ratio_text,
+)
 from plelab.experiments.report import Block, fmt, to_html, to_markdown
 from plelab.util.fs import atomic_write_bytes, check_output_path
 
 PRIMARY = {"heldout": "the prepared data's held-out split", "loss": "macro over the evaluation domains"}
-
-
-def _bracket(b: Sequence[float] | None, width: int | None = None) -> str:
-    if b is None:
-        return "-"
-    lo, hi = b[0], math.inf if b[1] is None else b[1]
-    text = f"({lo:g}, {hi:g}]" if math.isfinite(hi) else f"> {lo:g} (none tested met it)"
-    return text if width is None else f"{text}, dP/H {_ratio(lo / width)}–{_ratio(hi / width)}"
-
-
-def _ratio(x: float) -> str:
-    return "∞" if not math.isfinite(x) else "0" if x == 0 else f"1/{1 / x:.3g}"
 
 
 FIGURES = {"law_vs_ratio": "dP/H", "law_vs_dim": "dP"}
@@ -116,7 +112,7 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
     rows = []
     for r in w["paired"]:
         s, a = sec.get(r["ple_dim"], {}), abl.get(r["ple_dim"], {})
-        rows.append([str(r["ple_dim"]), _ratio(r["ple_dim"] / w["H"]), str(r["n"]),
+        rows.append([str(r["ple_dim"]), ratio_text(r["ple_dim"] / w["H"]), str(r["n"]),
                      f"{fmt(r['delta_mean'], '+.4f')} ± {fmt(r['delta_se'])}",
                      {True: "yes", False: "no", None: "?"}[r["gain_significant"]],
                      f"{fmt(s.get('delta_mean'), '+.4f')} ± {fmt(s.get('delta_se'))}",
@@ -130,7 +126,7 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
         ("h", 2, f"H = {w['H']}, {w['form']} form ({w['layers']} layers, vocab {w['vocab']}, {w['max_steps']} steps)"),
         ("table", ["dP", "dP/H", "seeds", f"paired Δ {primary} (± s.e.)", "gain?", "paired Δ 16 domains (± s.e.)",
                    "ablation Δ (± s.e.)", "final verdicts"], rows),
-        ("list", [f"{name}: dP* {_bracket(t[name]['bracket'], w['H'])}"
+        ("list", [f"{name}: dP* {bracket_text(t[name]['bracket'], w['H'])}"
                   + (f"; above it, not met at dP = {t[name]['exceptions']}" if t[name]["exceptions"] else "")
                   for name in CRITERIA]),
         ("p", f"Trained criterion met by {bent}/{len(trained)} runs"
@@ -153,12 +149,13 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     for w in analysis["widths"]:
         blocks += width_blocks(w, primary)
     blocks.append(("h", 2, f"The law dP*/H = c ({analysis['form']} form, fitted on H = {analysis['fit_widths']})"))
-    blocks.append(("list", [f"{c}: {law['reason']}" + (f"; point estimate {_ratio(law['estimate'])}"
+    blocks.append(("list", [f"{c}: {law['reason']}" + (f"; point estimate {ratio_text(law['estimate'])}"
                                                          if law.get("estimate") else "")
                             for c, law in analysis["law"].items()]))
     if analysis["predictions"]:
         blocks.append(("table", ["H", "criterion", "predicted dP*", "measured dP*", "outcome"],
-                       [[str(p["H"]), p["criterion"], _bracket(p["bracket"]), _bracket(p["measured"]), p["outcome"]]
+                       [[str(p["H"]), p["criterion"], bracket_text(p["bracket"]), bracket_text(p["measured"]),
+                         p["outcome"]]
                         for p in analysis["predictions"]]))
     early = analysis["early"] or {}
     if early.get("rule"):
@@ -174,7 +171,7 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     blocks += collapse_blocks(analysis)
     blocks.append(("h", 2, "Published points"))
     blocks.append(("table", ["source", "H", "form", "criterion", "dP* bracket", "note"],
-                   [[p["source"], str(p["H"]), p["form"], p["criterion"], _bracket(p["bracket"], p["H"]), p["note"]]
+                   [[p["source"], str(p["H"]), p["form"], p["criterion"], bracket_text(p["bracket"], p["H"]), p["note"]]
                     for p in analysis["published"]]))
     if figure:
         blocks += [("img", name, f"Paired loss Δ and ablation Δ vs {axis}, all widths", None)
@@ -233,8 +230,8 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
     for criterion, law in analysis["law"].items():
         print(f"law ({criterion}): {law['reason']}")
     for p in analysis["predictions"]:
-        print(f"prediction H={p['H']} {p['criterion']}: dP* {_bracket(p['bracket'])} -> measured "
-              f"{_bracket(p['measured'])}: {p['outcome']}")
+        print(f"prediction H={p['H']} {p['criterion']}: dP* {bracket_text(p['bracket'])} -> measured "
+              f"{bracket_text(p['measured'])}: {p['outcome']}")
     if predict:
         print(f"prediction frozen in {frozen_path}: commit it, and write it into docs/deadzone-law.md, before running "
               f"H = {predict}")

@@ -133,6 +133,8 @@ def test_study_predicts_the_third_width_then_scores_it(c128, expected):
     assert tracking["test"]["injection_ratio"]["0.1"]["n"] == 12
     summary = law_summary(after)
     assert summary["widths_tested"] == [32, 64, 128] and summary["early_rule"]["test_correct"] == 12
+    assert [m["H"] for m in summary["measured"]] == [32, 64, 128]
+    assert summary["measured"][0] == {"H": 32, "alive": [2.0, 4.0], "gain": [2.0, 4.0]}
 
 
 def test_gemma_form_is_its_own_row_and_unpaired_loss_is_said():
@@ -234,6 +236,15 @@ def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsy
     assert head.startswith("dP >= 2: alive in every seed; no dead zone was found") and "upper bound" in head
     assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=32"]) == 0
     assert capsys.readouterr().out.splitlines()[1].startswith("any dP >= 1: alive")
+    # The gain missed on the held-out width: said as a warning, with every width's measured brackets beside it.
+    law["predictions"].append({"H": 128, "criterion": "gain", "bracket": [2, 4], "measured": [16, 32],
+                               "outcome": "miss"})
+    law["measured"] = [{"H": 32, "alive": [0, 1], "gain": [0, 1]}, {"H": 128, "alive": [1, 2], "gain": [16, None]}]
+    (tmp_path / "law.json").write_text(json.dumps(law))
+    assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=64"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the loss gain did not follow dP/H at H = 128 (predicted dP* in (2, 4], measured (16, 32])" in out
+    assert "H=32 (0, 1] / (0, 1]; H=128 (1, 2] / > 16 (none tested met it)" in out
 
 
 def test_sweep_report_has_the_paired_table(finished_sweep, tmp_path):
