@@ -258,8 +258,13 @@ def _early(train: Sequence[dict[str, Any]], test: Sequence[dict[str, Any]]) -> d
     if rule is None:
         return {"rule": None, "tracks_gain": tracking,
                 "reason": "no fit run has both a final verdict and a logged signal at 5-20 % of training"}
-    return {"rule": rule, "fit": E.evaluate_rule(rule, train), "test": E.evaluate_rule(rule, test) if test else None,
-            "text": E.describe_rule(rule), "tracks_gain": tracking}
+    out = {"rule": rule, "fit": E.evaluate_rule(rule, train), "test": E.evaluate_rule(rule, test) if test else None,
+           "text": E.describe_rule(rule), "tracks_gain": tracking, "post_hoc": None}
+    post_hoc = E.choose_rule([*train, *test]) if test else None
+    if post_hoc is not None:  # what the held-out width would have changed; in-sample, so no test of anything
+        out["post_hoc"] = {"rule": post_hoc, "fit": E.evaluate_rule(post_hoc, [*train, *test]),
+                           "text": E.describe_rule(post_hoc)}
+    return out
 
 
 def law_analysis(runs: Sequence[dict[str, Any]], fit_widths: Sequence[int] | None = None,

@@ -164,7 +164,13 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
         blocks.append(("p", f"Chosen on the fit widths: {early['text']}; right in {early['fit']['correct']}/"
                             f"{early['fit']['n']} of their runs. "
                        + (f"On the held-out width(s): {test['correct']}/{test['n']} right ({test['missing']} without "
-                          "the signal)." if test else "No held-out width has finished runs yet.")))
+                          "the signal); " + ", ".join(f"{k}: {v}" for k, v in sorted(test["confusion"].items())) + "."
+                          if test else "No held-out width has finished runs yet.")))
+        if early.get("post_hoc"):
+            ph = early["post_hoc"]
+            blocks.append(("p", f"Post hoc (chosen on every width, held-out one included, so its accuracy is "
+                                f"in-sample and tests nothing): {ph['text']}; right in {ph['fit']['correct']}/"
+                                f"{ph['fit']['n']}."))
     else:
         blocks.append(("p", f"Early predictor: {early.get('reason', 'none')}."))
     blocks += tracking_blocks(early.get("tracks_gain") or {})

@@ -124,6 +124,8 @@ def test_study_predicts_the_third_width_then_scores_it(c128, expected):
     after = law_analysis(fit + width_runs(128, c128), prediction=frozen)
     assert {p["criterion"]: p["outcome"] for p in after["predictions"]} == {"alive": expected, "gain": expected}
     assert after["early"]["test"]["accuracy"] == 1.0 and after["early"]["test"]["n"] == 12
+    assert after["early"]["post_hoc"]["fit"]["n"] == 36  # refitted on all three widths: in-sample, labelled so
+    assert before["early"]["post_hoc"] is None
     # Each run's gain is against its own seed's dP = 0 run (JSON keys: fractions as text): the injection ratio
     # ranks it, table movement does not.
     tracking = after["early"]["tracks_gain"]
