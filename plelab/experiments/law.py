@@ -369,9 +369,9 @@ def suggest(width: int, law: dict[str, Any] | None) -> dict[str, Any]:
     test = law.get("early_rule") or {}
     for p in law.get("predictions") or []:
         if p["criterion"] == "gain" and p["outcome"] == "miss":
-            warnings.append(f"the loss gain did not follow dP/H at H = {p['H']} (predicted dP* in "
+            warnings.append(f"the loss-gain prediction missed at H = {p['H']} (predicted dP* in "
                             f"{bracket_text(p['bracket'])}, measured {bracket_text(p['measured'])}): a table that "
-                            "is alive need not pay; see the measured gain brackets and docs/deadzone-law.md")
+                            "is alive need not pay measurably; see the measured gain brackets and docs/deadzone-law.md")
     return {"H": width, "measured": True, "range": [c_lo * width, c_hi * width], "c": [c_lo, c_hi],
             "widths_tested": tested, "fit_widths": law.get("fit_widths"), "predictions": law.get("predictions"),
             "per_width": law.get("measured") or [], "early_accuracy": test.get("test_accuracy"),

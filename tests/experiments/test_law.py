@@ -245,7 +245,7 @@ def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsy
     (tmp_path / "law.json").write_text(json.dumps(law))
     assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=64"]) == 0
     out = capsys.readouterr().out
-    assert "warning: the loss gain did not follow dP/H at H = 128 (predicted dP* in (2, 4], measured (16, 32])" in out
+    assert "warning: the loss-gain prediction missed at H = 128 (predicted dP* in (2, 4], measured (16, 32])" in out
     assert "H=32 (0, 1] / (0, 1]; H=128 (1, 2] / > 16 (none tested met it)" in out
 
 
