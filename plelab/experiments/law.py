@@ -106,7 +106,8 @@ def fit_law(brackets: dict[int, Sequence[float]]) -> dict[str, Any]:
     estimate = math.sqrt(c_lo * c_hi) if c_lo > 0 and math.isfinite(c_hi) else None
     bound = "" if math.isfinite(c_hi) else " (a lower bound only: no fit width reached the criterion in its grid)"
     return {"consistent": True, "c": [c_lo, c_hi], "estimate": estimate, "per_width": per,
-            "reason": f"dP*/H in ({_fmt(c_lo)}, {_fmt(c_hi)}] fits every fit width ({_brackets_text(per)}){bound}"}
+            "reason": f"dP*/H in ({ratio_text(c_lo)}, {ratio_text(c_hi)}] fits every fit width "
+                      f"({_brackets_text(per)}){bound}"}
 
 
 def predict(law: dict[str, Any], width: int) -> list[float] | None:
@@ -133,15 +134,11 @@ def _at_least(dp: float) -> str:
     return "any dP >= 1" if dp <= 1 else f"dP >= {dp:.3g}"
 
 
-def _fmt(x: float) -> str:
-    if not math.isfinite(x):
-        return "inf"
-    return f"1/{1 / x:.3g}" if 0 < x < 1 else f"{x:.3g}"
-
-
 def ratio_text(x: float) -> str:
-    """dP/H as a fraction: '1/64', '0', '∞'."""
-    return "∞" if not math.isfinite(x) else "0" if x == 0 else f"1/{1 / x:.3g}"
+    """dP/H as text: '1/64' below 1, '2' from 1 on, '0', '∞'."""
+    if not math.isfinite(x):
+        return "∞"
+    return f"1/{1 / x:.3g}" if 0 < x < 1 else f"{x:.3g}"
 
 
 def bracket_text(b: Sequence[float | None] | None, width: int | None = None) -> str:
@@ -154,7 +151,7 @@ def bracket_text(b: Sequence[float | None] | None, width: int | None = None) -> 
 
 
 def _brackets_text(per: dict[int, Sequence[float]]) -> str:
-    return "; ".join(f"H={h}: ({_fmt(lo)}, {_fmt(hi)}]" for h, (lo, hi) in per.items())
+    return "; ".join(f"H={h}: ({ratio_text(lo)}, {ratio_text(hi)}]" for h, (lo, hi) in per.items())
 
 
 def collapse(widths: Sequence[dict[str, Any]], form: str) -> dict[str, dict[str, Any]]:
@@ -384,7 +381,7 @@ def format_suggestion(advice: dict[str, Any]) -> str:
     if advice["measured"]:
         lo, hi = advice["range"][0], upper(advice["range"])
         early = advice.get("early_accuracy")
-        c = f"dP*/H in ({_fmt(advice['c'][0])}, {_fmt(upper(advice['c']))}]"
+        c = f"dP*/H in ({ratio_text(advice['c'][0])}, {ratio_text(upper(advice['c']))}]"
         if not math.isfinite(hi):
             head = f"no tested dP/H was alive in every seed ({c})"
         elif lo <= 0:  # the smallest dP tested at every fit width was already alive: no dead zone was found
@@ -404,6 +401,6 @@ def format_suggestion(advice: dict[str, Any]) -> str:
         for p in advice["published"]:
             lo, hi = p["scaled"]
             lines.append(f"published ({p['source']}, H={p['H']}, {p['criterion']}): dP* in ({p['bracket'][0]}, "
-                         f"{p['bracket'][1]}], dP/H ({_fmt(p['ratio'][0])}, {_fmt(p['ratio'][1])}]; "
+                         f"{p['bracket'][1]}], dP/H ({ratio_text(p['ratio'][0])}, {ratio_text(p['ratio'][1])}]; "
                          f"at H={advice['H']} that would be dP in ({lo:.3g}, {hi:.3g}] (unverified)")
     return "\n".join(lines)

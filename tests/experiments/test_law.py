@@ -14,6 +14,7 @@ from plelab.errors import PlelabError
 from plelab.experiments.analysis import paired_table
 from plelab.experiments.law import (
     bracket_of,
+    bracket_text,
     collapse,
     fit_law,
     gather,
@@ -102,6 +103,13 @@ def test_law_fit_is_the_intersection_of_the_widths_brackets():
     assert narrower["c"] == [1 / 8, 1 / 4]
     broken = fit_law({32: (1, 2), 64: (8, 16)})  # (1/32, 1/16] and (1/8, 1/4]: no single c
     assert not broken["consistent"] and predict(broken, 128) is None and "do not overlap" in broken["reason"]
+
+
+def test_bracket_text_writes_ratios_as_fractions_below_one_and_plainly_above():
+    assert bracket_text([1, 2], 128) == "(1, 2], dP/H 1/128–1/64"
+    assert bracket_text([64, None], 128) == "> 64 (none tested met it), dP/H 1/2–∞"
+    assert bracket_text([32, 64], 32) == "(32, 64], dP/H 1–2"  # not "1/0.5"
+    assert bracket_text([0, 1], 32) == "(0, 1], dP/H 0–1/32" and bracket_text(None) == "-"
 
 
 def test_outcome_is_overlap_of_brackets():
