@@ -15,6 +15,7 @@ COMMANDS = {
     "params": "plelab.cli.params",
     "data": "plelab.cli.data",
     "train": "plelab.cli.train",
+    "finetune": "plelab.cli.finetune",
     "plan-train": "plelab.cli.plan_train",
     "eval": "plelab.cli.evaluate",
     "generate": "plelab.cli.generate",

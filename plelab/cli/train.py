@@ -49,11 +49,16 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the trainer and run it (on every rank under torchrun; rank 0 alone reports user errors)."""
+    return run_on_every_rank(_run, args)
+
+
+def run_on_every_rank(body, args: argparse.Namespace) -> int:
+    """`body(args)` on every rank torchrun started (or the one process); a user error is reported by rank 0 only."""
     from plelab.parallel.group import PeerLost, abandon_group, world_from_env
 
     world = world_from_env()
     try:
-        return _run(args)
+        return body(args)
     except PeerLost:
         raise  # the group is broken (destroying it can hang): say so and exit; torchrun stops the rest
     except PlelabError:

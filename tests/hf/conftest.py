@@ -133,3 +133,30 @@ def _as_multimodal(folder: Path, family: str) -> None:
               str(folder / "model.safetensors"))
     text = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({"model_type": family, "text_config": text}))
+
+
+def domain_documents(seed: int, count: int) -> list[str]:
+    """Documents of one made-up domain: random sequences of PROSE's words (a seed per split)."""
+    import random
+
+    words = PROSE.replace(".", "").replace(",", "").lower().split()
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) + "." for _ in range(count)]
+
+
+@pytest.fixture(scope="session")
+def finetune_data(tmp_path_factory, tokenizer_json) -> tuple[Path, Path]:
+    """(prepared training data of the 'prose' domain, evaluation folder with held-out prose + code), both
+    tokenized with the tiny checkpoints' tokenizer."""
+    from plelab.data.prepare import prepare_dataset
+    from plelab.data.tokenizer import EOT, Tokenizer
+
+    root = tmp_path_factory.mktemp("finetune-data")
+    (root / "train.txt").write_text(f"\n{EOT}\n".join(domain_documents(0, 300)), encoding="utf-8")
+    prepare_dataset([root / "train.txt"], Tokenizer.from_json(tokenizer_json), root / "data", val_fraction=0.1,
+                    progress=False)
+    valid = root / "valid"
+    valid.mkdir()
+    (valid / "prose.txt").write_text(f"\n{EOT}\n".join(domain_documents(1, 20)), encoding="utf-8")
+    (valid / "code.txt").write_text(CODE * 10, encoding="utf-8")
+    return root / "data", valid

@@ -1,0 +1,133 @@
+"""The adapter folder others load: peft's format, named for the checkpoint's own layout, plus the table delta.
+
+    adapter_config.json        peft LoraConfig (r, alpha, target_modules as one regex over the decoder layers)
+    adapter_model.safetensors  base_model.model.<checkpoint's name of the layer>.lora_A/B.weight, float32
+    table_delta.safetensors    only when the table trained: rows + their change (see table_delta.py)
+    plelab_finetune.json       what was trained from what: base folder, step, targets, table mode
+
+`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), FOLDER)` loads it: names carry
+`model.` for a text-only checkpoint and `model.language_model.` for a multimodal one, as transformers
+builds each. peft ignores the delta file; `apply_table_delta(model, FOLDER / DELTA_FILE)` adds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from plelab.errors import PlelabError
+from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint
+from plelab.hf.finetune.model import INTERNAL_PREFIX, FinetuneModel, lora_config
+from plelab.hf.finetune.table_delta import DELTA_FILE, load_delta, save_delta
+from plelab.util.fs import fsync_dir
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+RECORD = "plelab_finetune.json"
+"""Written into adapter folders and merged folders: what was fine-tuned from what."""
+
+
+def layers_prefix(ckpt: HFCheckpoint) -> str:
+    """Where the checkpoint's decoder layers sit in the model transformers builds from it ('model' or
+    'model.language_model')."""
+    return ckpt.prefix.rstrip(".")
+
+
+def peft_key(ckpt: HFCheckpoint, internal_path: str, which: str) -> str:
+    """peft's state-dict key of one adapter matrix for the model transformers builds from `ckpt`."""
+    rel = internal_path.removeprefix(INTERNAL_PREFIX + ".")
+    return f"base_model.model.{ckpt.prefix}{rel}.{which}.weight"
+
+
+def write_adapter(model: FinetuneModel, ckpt: HFCheckpoint, out: Path, record: dict[str, Any]) -> Path:
+    """Write the adapter folder `out` atomically (a temp folder renamed into place, replacing an older one)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    try:
+        weights = {}
+        for path, (a, b) in model.adapter_tensors().items():
+            weights[peft_key(ckpt, path, "lora_A")] = a.float().contiguous()
+            weights[peft_key(ckpt, path, "lora_B")] = b.float().contiguous()
+        save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        lora_config(model.settings, model.paths, layers_prefix(ckpt), str(ckpt.path)).save_pretrained(str(tmp))
+        files = [ADAPTER_WEIGHTS, ADAPTER_CONFIG]
+        if model.table is not None:
+            rows, delta = model.table.changed()
+            save_delta(tmp / DELTA_FILE, rows, delta, ckpt.prefix + TABLE_SUFFIX, ckpt.table.shape)
+            files.append(DELTA_FILE)
+            record = {**record, "table_rows_changed": len(rows)}
+        (tmp / RECORD).write_text(json.dumps({**record, "files": files}, indent=2))
+        for name in [*files, RECORD]:
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        _replace_folder(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _replace_folder(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` is renamed aside first and removed after (never half of both)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale(parent: Path, name: str) -> None:
+    """Remove temp and renamed-aside folders a killed `write_adapter` / merge left beside `parent / name`."""
+    for p in [*parent.glob(f".{name}.tmp*"), *parent.glob(f".{name}.old*")]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """The plelab_finetune.json of an adapter or merged folder, or None when it has none."""
+    f = Path(folder) / RECORD
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlelabError(f"{f}: unreadable ({exc})") from None
+    return data if isinstance(data, dict) else None
+
+
+def read_adapter(folder: Path, ckpt: HFCheckpoint) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float,
+                                                              tuple[torch.Tensor, torch.Tensor] | None]:
+    """({checkpoint tensor name of the adapted weight: (A, B)}, alpha / r, (rows, delta) or None) of an adapter
+    folder written for `ckpt`."""
+    folder = Path(folder)
+    for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
+        if not (folder / name).is_file():
+            raise PlelabError(f"{folder}: no {name} (not an adapter folder)")
+    cfg = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    weights = load_file(str(folder / ADAPTER_WEIGHTS))
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in weights.items():
+        stem, which, _ = key.removeprefix("base_model.model.").rsplit(".", 2)
+        pairs.setdefault(stem + ".weight", {})[which] = t
+    out = {}
+    for name, p in pairs.items():
+        if set(p) != {"lora_A", "lora_B"}:
+            raise PlelabError(f"{folder}: {name} has {sorted(p)} but needs lora_A and lora_B")
+        if name.removeprefix(ckpt.prefix) not in ckpt.tensors:
+            raise PlelabError(f"{folder}: the adapter changes {name}, which {ckpt.path} does not hold")
+        out[name] = (p["lora_A"], p["lora_B"])
+    delta = None
+    if (folder / DELTA_FILE).is_file():
+        rows, values, _ = load_delta(folder / DELTA_FILE, ckpt.table.shape)
+        delta = (rows, values)
+    return out, float(cfg["lora_alpha"]) / int(cfg["r"]), delta
