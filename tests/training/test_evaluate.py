@@ -9,10 +9,10 @@ import torch
 from training_helpers import make_dataset, write_config
 
 from plelab.data.prepare import HELDOUT_DOMAIN
+from plelab.inference.evaluate import evaluate_domains
 from plelab.model.transformer import LanguageModel
 from plelab.training.config import load_train_config
 from plelab.training.data_access import TrainingData
-from plelab.training.evaluate import evaluate_domains
 
 
 @pytest.fixture
