@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from plelab.hf.finetune.config import load_finetune_config
-    from plelab.training.run_dir import CONFIG_FILE
+    from plelab.runs.run_dir import CONFIG_FILE
     from plelab.util.fs import check_output_path
 
     out = Path(args.out)

@@ -131,7 +131,7 @@ def load_finetuned(run_dir: str | Path, device: str | torch.device = "cpu",
                    dtype: torch.dtype = torch.float32) -> tuple[FinetuneModel, FinetuneConfig]:
     """plelab's fine-tuned model from a run's newest intact checkpoint (eval mode), and the run's config."""
     from plelab.hf.finetune.config import load_finetune_config
-    from plelab.training.checkpoint import newest_verified_checkpoint, read_checkpoint_json, read_weights
+    from plelab.runs.checkpoint import newest_verified_checkpoint, read_checkpoint_json, read_weights
 
     ckpt_dir, _ = newest_verified_checkpoint(run_dir)
     saved = read_checkpoint_json(ckpt_dir / "config.json").get("train") or {}
