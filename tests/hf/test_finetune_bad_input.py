@@ -1,0 +1,83 @@
+"""Bad fine-tuning input: one line on stderr, exit 2, and nothing written (no run folder, no merge folder)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from finetune_helpers import finetune_argv
+
+from plelab.cli.main import main
+
+pytest.importorskip("peft")
+
+
+def refused(argv, capsys, out) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert not out.exists(), f"{out} was written"
+    return err
+
+
+@pytest.fixture()
+def args(make_gemma, finetune_data, tmp_path):
+    data, valid = finetune_data
+    return lambda *extra, folder=None: finetune_argv(folder or make_gemma("gemma4"), data, valid, tmp_path / "run",
+                                                     *extra)
+
+
+def test_folder_without_tokenizer(make_gemma, args, tmp_path, capsys):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(make_gemma("gemma4"), folder)
+    (folder / "tokenizer.json").unlink()
+    assert "has no tokenizer.json" in refused(args(folder=folder), capsys, tmp_path / "run")
+
+
+def test_unknown_target_module(args, tmp_path, capsys):
+    err = refused(args("--set", "finetune.targets=attention,qproj"), capsys, tmp_path / "run")
+    assert "no linear layer named 'qproj'" in err and "q_proj" in err and "per_layer_input_gate" in err
+
+
+def test_rank_zero(args, tmp_path, capsys):
+    assert "finetune.rank must be > 0" in refused(args("--set", "finetune.rank=0"), capsys, tmp_path / "run")
+
+
+def test_data_tokenized_with_another_tokenizer(make_gemma, finetune_data, tmp_path, capsys):
+    from plelab.data.prepare import prepare_dataset
+    from plelab.data.tokenizer import Tokenizer
+
+    (tmp_path / "t.txt").write_text("some text in bytes\n" * 200)
+    prepare_dataset([tmp_path / "t.txt"], Tokenizer.byte_level(), tmp_path / "bytes", progress=False)
+    argv = finetune_argv(make_gemma("gemma4"), tmp_path / "bytes", finetune_data[1], tmp_path / "run")
+    err = refused(argv, capsys, tmp_path / "run")
+    assert "tokenized with another tokenizer" in err and "plelab data prepare" in err
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("parallel=fsdp", "use parallel = ddp"),
+    ("diagnostics_every=5", "plelab diagnose --hf"),
+    ("finetune.table=dense", "finetune.table must be one of frozen, sparse"),
+    ("seq_len=4096", "seq_len must be in 0..model.max_seq_len (128)"),
+    ("model.hidden_size=64", "model and tokenizer come from the checkpoint"),
+])
+def test_settings_fine_tuning_cannot_take(args, tmp_path, capsys, setting, message):
+    assert message in refused(args("--set", setting), capsys, tmp_path / "run")
+
+
+def test_not_gemma_and_no_checkpoint(args, finetune_data, tmp_path, capsys):
+    assert "no config.json" in refused(args(folder=tmp_path), capsys, tmp_path / "run")
+    argv = ["finetune", "--data", str(finetune_data[0]), "--out", str(tmp_path / "run")]
+    assert "give --hf PATH" in refused(argv, capsys, tmp_path / "run")
+
+
+def test_merge_refusals(args, tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("mine")
+    assert "already exists" in refused(args("--merge", str(taken)), capsys, tmp_path / "run")
+    assert (taken / "x").read_text() == "mine"
+    err = refused(["finetune", "--out", str(tmp_path / "nothing"), "--merge", str(tmp_path / "m")], capsys,
+                  tmp_path / "m")
+    assert "does not exist" in err
