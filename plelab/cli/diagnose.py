@@ -8,6 +8,7 @@ from pathlib import Path
 
 from plelab.cli import options
 from plelab.cli.common import add_command, print_json
+from plelab.cli.finetune import compare_with_base, finetune_base
 
 
 def add_parser(sub) -> None:
@@ -24,6 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("checkpoint", nargs="?", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--hf", metavar="PATH", help="a local Hugging Face Gemma 3n / Gemma 4 folder instead "
                    "(config.json + safetensors + tokenizer.json; needs transformers; the PLE table stays on disk)")
+    p.add_argument("--base", metavar="PATH", help="with --hf and --data: compare PLE use with this folder (default: "
+                   "the base a merged fine-tune records in plelab_finetune.json, see plelab finetune --merge)")
     p.add_argument("--layers", type=_layer_list, help="with --hf: decoder layers to diagnose, e.g. 0,5,10 "
                    "(default all; each costs 3 ablation passes over the batches)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
@@ -144,10 +147,18 @@ def run_hf(args: argparse.Namespace) -> int:
         kwargs.update(batches=batches, domains=domains, token_ids=tokens, freq_source="the evaluation batches")
     report = {"checkpoint": str(ckpt.path), "run_dir": None, **diagnose_hf(model, **kwargs)}
     report.setdefault("data", {})["source"] = data_desc
+    lines = []
+    base = finetune_base(args.hf, args.base) if args.data else None
+    if base:  # a merged fine-tune (plelab finetune --merge) against the folder it came from, one model at a time
+        from plelab.hf.finetune.compare import measure_ple_use
+
+        tuned = measure_ple_use(model, kwargs["batches"], args.layers)
+        del model
+        lines = compare_with_base(report, base, tuned, kwargs["batches"], kwargs["domains"], args)
     if args.json:
         print_json(report)
     else:
-        print(format_report(report))
+        print("\n".join([format_report(report), *lines]))
     return 0
 
 

@@ -104,3 +104,33 @@ def _merge(args: argparse.Namespace) -> dict:
               f"row change(s) of {args.out} (step {record.get('step')}) into {args.merge}; compare it with the "
               f"base: plelab diagnose --hf {args.merge} --data EVAL_DIR")
     return summary
+
+
+def finetune_base(folder: str, base: str | None) -> str | None:
+    """The base folder a diagnosis of `folder` is compared with: --base, else the one a merge recorded."""
+    if base:
+        return base
+    from plelab.hf.finetune.adapter import read_record
+
+    return (read_record(Path(folder)) or {}).get("base")
+
+
+def compare_with_base(report: dict, base: str, tuned: dict, batches: list, domains: list[str],
+                      args: argparse.Namespace) -> list[str]:
+    """Measure the base model on the same batches, add report["finetune"], return its text lines."""
+    import torch
+
+    from plelab.hf.checkpoint import HFCheckpoint
+    from plelab.hf.finetune.compare import compare_ple_use, format_comparison, measure_ple_use
+    from plelab.hf.model import load_text_model
+    from plelab.util.device import pick_device
+
+    if not Path(base).is_dir():
+        note = f"the base folder {base} is gone: no comparison of PLE use with it (pass --base PATH)"
+        report["notes"].append(note)
+        return [f"note: {note}"]
+    model = load_text_model(HFCheckpoint.open(base), getattr(torch, args.dtype))
+    model.lm.to(pick_device(args.device))
+    comparison = compare_ple_use(measure_ple_use(model, batches, args.layers), tuned, domains)
+    report["finetune"] = {"base": str(base), **comparison}
+    return format_comparison(comparison, base)

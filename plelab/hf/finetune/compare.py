@@ -1,0 +1,89 @@
+"""Did fine-tuning change how much the model uses its PLE? The merged folder against its base, same batches.
+
+"Use" is what `plelab diagnose` measures: the loss increase when every layer's PLE is switched off (zero,
+shuffle or table ablation), per evaluation batch. Both models see the same batches, so the change is a paired
+difference per batch, d_i = (off - full)_tuned,i - (off - full)_base,i, reported as its mean and standard
+error for each mode. The verdict uses the mode that is primary for the base model (the smallest loss increase,
+as diagnose chooses it) and diagnose's noise band (2 standard errors) and floor: "more" if the mean change
+exceeds max(floor, noise), "less" if it is below minus that, else "unchanged (within noise)". Per layer, the
+injection ratio |y| / |h| of both models is shown beside it. The two models are measured one after the other,
+so only one is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from plelab.diagnostics import verdict as V
+from plelab.diagnostics.ablation import ABLATION_MODES, pooled_loss
+from plelab.hf.diagnose import hf_batch_losses, hf_ple_ablated, hf_probe_layers
+from plelab.hf.model import HFTextModel
+
+
+def measure_ple_use(model: HFTextModel, batches: list, layers: list[int] | None = None) -> dict[str, Any]:
+    """Per-batch (loss, count) with PLE on and with all of it off in each ablation mode, and injection ratios."""
+    layers = list(range(model.ckpt.num_layers)) if layers is None else layers
+    device = next(model.lm.parameters()).device
+    batches = [(x.to(device), y.to(device)) for x, y in batches]
+    off = {}
+    for mode in ABLATION_MODES:
+        with hf_ple_ablated(model, layers, mode):
+            off[mode] = hf_batch_losses(model, batches)
+    probes = hf_probe_layers(model, batches, layers)
+    return {"full": hf_batch_losses(model, batches), "off": off, "layers": layers,
+            "injection_ratio": {i: probes[i]["injection_ratio"] for i in layers}}
+
+
+def _paired(base: dict, tuned: dict, mode: str, idx: list[int]) -> dict[str, float]:
+    deltas = {}
+    for name, m in (("base", base), ("tuned", tuned)):
+        full, off = [m["full"][i] for i in idx], [m["off"][mode][i] for i in idx]
+        deltas[name] = (pooled_loss(off) - pooled_loss(full), [o - f for (o, _), (f, _) in zip(off, full, strict=True)])
+    diffs = [t - b for t, b in zip(deltas["tuned"][1], deltas["base"][1], strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+    return {"base_delta": deltas["base"][0], "tuned_delta": deltas["tuned"][0], "change": mean, "se": se}
+
+
+def _verdict(change: float, se: float) -> tuple[str, str]:
+    bar = max(V.DEAD_DELTA, V.noise_of(se))
+    if change > bar:
+        return "more", f"the PLE-off loss increase grew by {change:+.4f} > {bar:.4f}"
+    if change < -bar:
+        return "less", f"the PLE-off loss increase shrank by {change:+.4f} < -{bar:.4f}"
+    return "unchanged", f"change {change:+.4f} within +-{bar:.4f} (max(floor {V.DEAD_DELTA}, 2 SE))"
+
+
+def compare_ple_use(base: dict[str, Any], tuned: dict[str, Any], domains: list[str]) -> dict[str, Any]:
+    """The paired comparison of two `measure_ple_use` results on the same batches (see the module doc)."""
+    every = list(range(len(base["full"])))
+    modes = {mode: _paired(base, tuned, mode, every) for mode in ABLATION_MODES}
+    primary = min(ABLATION_MODES, key=lambda m: modes[m]["base_delta"])
+    result: dict[str, Any] = {"primary_mode": primary, "modes": modes, "n_batches": len(every)}
+    result["verdict"], result["reason"] = _verdict(modes[primary]["change"], modes[primary]["se"])
+    result["domains"] = {}
+    for name in dict.fromkeys(domains):
+        d = _paired(base, tuned, primary, [k for k, dom in enumerate(domains) if dom == name])
+        d["verdict"], d["reason"] = _verdict(d["change"], d["se"])
+        result["domains"][name] = d
+    result["layers"] = {i: {"injection_ratio_base": base["injection_ratio"][i],
+                            "injection_ratio_tuned": tuned["injection_ratio"][i]} for i in base["layers"]}
+    result["definitions"] = {"change": "mean over batches of the tuned model's PLE-off loss increase minus the "
+                                       "base model's, on the same batches (nats per token)",
+                             "se": "standard error of that paired mean"}
+    return result
+
+
+def format_comparison(c: dict[str, Any], base: str) -> list[str]:
+    """Text lines of a comparison for diagnose's report."""
+    m = c["modes"][c["primary_mode"]]
+    lines = [f"fine-tuning vs base {base}: PLE use {c['verdict'].upper()} ({c['reason']}; "
+             f"{c['primary_mode']} ablation: base {m['base_delta']:+.4f}, fine-tuned {m['tuned_delta']:+.4f}, "
+             f"paired change {m['change']:+.4f} +- {m['se']:.4f} SE over {c['n_batches']} batches)"]
+    for name, d in c["domains"].items():
+        lines.append(f"  domain {name:<18} change {d['change']:+.4f} +- {d['se']:.4f} -> {d['verdict']}")
+    lines.append("  injection ratio per layer, base -> fine-tuned: " + "; ".join(
+        f"{i}: {x['injection_ratio_base']:.4f} -> {x['injection_ratio_tuned']:.4f}" for i, x in c["layers"].items()))
+    return lines
