@@ -177,3 +177,19 @@ def test_multimodal_gemma3n_layout(make_gemma, finetune_data, tmp_path):
     except ImportError:
         return
     assert (peft_logits(folder, tmp_path / "run" / "adapter", x) - ours).abs().max() <= TOL
+
+
+def test_table_in_memory_reads_what_the_streamed_table_reads(make_gemma):
+    from plelab.hf.finetune.table_delta import LoadedTable, TableWithDelta
+    from plelab.hf.model import load_text_model
+
+    model = load_text_model(HFCheckpoint.open(make_gemma("gemma3n")))
+    ids = torch.tensor([[0, 5, 5, 319], [17, 3, 250, 1]])
+    loaded = LoadedTable(model.table)
+    assert torch.equal(loaded(ids), model.table(ids))
+    wrapped = TableWithDelta(loaded, np.array([3, 5]))
+    assert not any(t.shape == loaded.weight.shape for t in wrapped.state_dict().values())  # never checkpointed
+    with torch.no_grad():
+        wrapped.delta.weight[1] = 1.0  # row 5
+    diff = (wrapped(ids) - loaded(ids)).abs().amax(dim=-1)
+    assert diff[0, 1] > 0 and diff[0, 2] > 0 and diff[0, 0] == 0 and diff[1].max() == 0

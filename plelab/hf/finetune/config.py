@@ -48,6 +48,10 @@ class FinetuneSettings:
     table: str = "frozen"
     """The PLE table: "frozen" (read from disk, never trained) or "sparse" (the rows the training data
     touches train with the lazy sparse Adam; their change is kept in a sparse delta beside the adapter)."""
+    table_in_memory: bool = False
+    """Load the whole PLE table onto the training device, as transformers does, instead of reading each batch's
+    rows from the shards: faster per step where the device has room for it; the baseline of
+    benchmarks/bench_finetune_memory.py."""
     base_dtype: str = "auto"
     """dtype of the frozen weights in memory: float32, bfloat16, or auto = bfloat16 when the run computes in
     bf16 (dtype / autocast), else float32. Adapters, the table delta and optimizer state are float32."""

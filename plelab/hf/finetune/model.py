@@ -106,6 +106,10 @@ def build_finetune_model(ckpt: HFCheckpoint, config: ModelConfig, settings: Fine
     paths = target_paths(ckpt, settings)
     hf = load_text_model(ckpt, dtype, device=device, attn_implementation=settings.attention)
     inject_adapter_in_model(lora_config(settings, paths, INTERNAL_PREFIX), hf.lm, adapter_name=ADAPTER_NAME)
+    if settings.table_in_memory:
+        from plelab.hf.finetune.table_delta import LoadedTable
+
+        hf.text.embed_tokens_per_layer = LoadedTable(hf.table, device)
     table = None
     if settings.table == "sparse":
         from plelab.hf.finetune.table_delta import touched_rows

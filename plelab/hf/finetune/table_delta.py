@@ -42,14 +42,39 @@ def touched_rows(tokens, ple_rows: int) -> np.ndarray:
     return np.flatnonzero(seen)
 
 
-class TableWithDelta(nn.Module):
-    """The streamed table plus a trainable delta on fixed `rows`: forward(ids) = (table[ids] + delta) x scale."""
+class LoadedTable(nn.Module):
+    """The whole table in memory (frozen), with StreamedEmbedding's interface: forward(ids) = table[ids] x scale."""
 
-    def __init__(self, streamed: StreamedEmbedding, rows: np.ndarray, device: torch.device | str = "cpu"):
+    def __init__(self, streamed: StreamedEmbedding, device: torch.device | str = "cpu"):
+        super().__init__()
+        from plelab.hf.model import _copy_in
+
+        self.scale, self.dtype = streamed.scale, streamed.dtype
+        self.num_embeddings, self.embedding_dim = streamed.num_embeddings, streamed.embedding_dim
+        weight = torch.empty(streamed.info.shape, dtype=streamed.dtype, device=device)
+        with torch.no_grad():
+            _copy_in(weight, streamed.info)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids, self.weight) * torch.tensor(self.scale, dtype=self.dtype)
+
+    def read_rows(self, ids: np.ndarray) -> torch.Tensor:
+        """Unscaled float32 rows `ids`."""
+        return self.weight.detach()[torch.as_tensor(np.asarray(ids), dtype=torch.long)].float().cpu()
+
+
+class TableWithDelta(nn.Module):
+    """A frozen table (streamed or loaded) plus a trainable delta on fixed `rows`:
+    forward(ids) = (table[ids] + delta) x scale."""
+
+    def __init__(self, streamed: StreamedEmbedding | LoadedTable, rows: np.ndarray,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         if len(rows) == 0:
             raise PlelabError("the training data touches no row of the PLE table")
-        self.streamed = streamed
+        # Not a registered submodule: a table loaded in memory must not enter state_dict() (the checkpoints).
+        object.__setattr__(self, "streamed", streamed)
         self.num_embeddings, self.embedding_dim = streamed.num_embeddings, streamed.embedding_dim
         self.register_buffer("rows", torch.as_tensor(np.asarray(rows), dtype=torch.long, device=device))
         self.delta = nn.Embedding(len(rows), self.embedding_dim, sparse=True, device=device, dtype=torch.float32)
