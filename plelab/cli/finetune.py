@@ -134,3 +134,44 @@ def compare_with_base(report: dict, base: str, tuned: dict, batches: list, domai
     comparison = compare_ple_use(measure_ple_use(model, batches, args.layers), tuned, domains)
     report["finetune"] = {"base": str(base), **comparison}
     return format_comparison(comparison, base)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """`plelab plan-train --finetune PATH`: one device's memory for a LoRA fine-tune, table on disk vs on device."""
+    from plelab.hf.finetune.config import FinetuneConfig, model_config_of
+    from plelab.hf.finetune.memory import PUBLIC_REPORT, CheckpointShape, FinetunePlan, gib, plan_finetune
+    from plelab.training.memory_plan import GiB
+    from plelab.util.dataclass_config import apply_overrides, from_dict, read_file, to_dict
+
+    shape = CheckpointShape.of(args.finetune)
+    data = apply_overrides(read_file(args.config) if args.config else {}, args.overrides)
+    if "model" in data or "tokenizer" in data:
+        raise PlelabError("model and tokenizer come from the checkpoint (--finetune PATH); do not set them")
+    cfg = from_dict(FinetuneConfig, {**data, "model": to_dict(model_config_of(shape))})
+    req = FinetunePlan(shape, cfg.finetune, cfg.batch_size, cfg.context, cfg.dtype != "fp32",
+                       args.activation_checkpointing or cfg.activation_checkpointing, args.touched_rows,
+                       args.overhead_gb * GiB, args.gpu_memory)
+    plan = plan_finetune(req)
+    plan["public_report"] = PUBLIC_REPORT
+    if args.json:
+        print_json({"finetune": str(args.finetune), "overrides": args.overrides, **plan})
+        return 0
+    m, st = plan["model"], plan["step"]
+    disk, device = plan["table_on_disk_bytes"], plan["table_on_device_bytes"]
+    print(f"{args.finetune}: {m['family']}, {m['frozen_params_without_table']:,} frozen parameters + a PLE table of "
+          f"{m['ple_table_params']:,} ({m['table_shape'][0]:,} x {m['table_shape'][1]:,}); LoRA r={m['rank']} on "
+          f"{', '.join(m['adapted'])}: {m['lora_params']:,} trained")
+    print(f"step: {st['micro_batch']} x {st['seq_len']} tokens, {st['compute']}, frozen weights at "
+          f"{st['frozen_bytes_per_value']} bytes, table {st['table']}"
+          + (", activation checkpointing" if st["activation_checkpointing"] else ""))
+    print(f"  {'part':<22} {'table on disk':>14} {'table on device':>16}")
+    for part in disk:
+        if part != "total":
+            print(f"  {part.replace('_', ' '):<22} {gib(disk[part]):>14} {gib(device[part]):>16}")
+    print(f"  {'total':<22} {gib(disk['total']):>14} {gib(device['total']):>16}")
+    print(f"leaving the table on disk saves {gib(plan['table_saving_bytes']).strip()} per device"
+          + (f"; fits in {args.gpu_memory / 1e9:g} GB: on disk {'yes' if plan['fits']['table_on_disk'] else 'NO'}, "
+             f"on device {'yes' if plan['fits']['table_on_device'] else 'NO'}" if "fits" in plan else ""))
+    print(f"beside the public report ({PUBLIC_REPORT['before_gb']} -> {PUBLIC_REPORT['after_gb']} GB): "
+          f"{PUBLIC_REPORT['differs']}")
+    return 0

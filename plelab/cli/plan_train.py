@@ -37,11 +37,21 @@ def add_parser(sub) -> None:
         "whether it fits, the largest micro-batch, tokens/s at an assumed MFU and GPU-hours for a token budget.",
         "plelab plan-train seed-3b --set model.ple.dim=512 --global-batch 4096 --gpus 8 --gpu-memory 80GB "
         "--tokens 400e9\n"
-        "  plelab plan-train configs/small-ple.toml --gpus 2 --gpu-memory 24GB --strategy ddp --json\n\n"
+        "  plelab plan-train configs/small-ple.toml --gpus 2 --gpu-memory 24GB --strategy ddp --json\n"
+        "  plelab plan-train --finetune ~/models/gemma-3n-E2B --gpu-memory 24GB --set batch_size=4 "
+        "--set seq_len=1024\n\n"
         "Formulas and assumptions: plelab/training/memory_plan.py; the 3B sweep: docs/scaling.md.",
         run,
     )
-    p.add_argument("config", help="training config (TOML/YAML/JSON) or a model preset (seed-3b, small-ple, ...)")
+    p.add_argument("config", nargs="?",
+                   help="training config (TOML/YAML/JSON) or a model preset (seed-3b, small-ple, ...); with "
+                   "--finetune, an optional fine-tuning config")
+    p.add_argument("--finetune", metavar="PATH",
+                   help="plan LoRA fine-tuning (plelab finetune) of a Hugging Face Gemma 3n / Gemma 4 folder or its "
+                   "config.json: one device's memory with the PLE table on disk and on the device; --set "
+                   "batch_size / seq_len / finetune.rank / finetune.targets / finetune.table ... as for finetune")
+    p.add_argument("--touched-rows", type=options.positive_int,
+                   help="with --finetune and finetune.table=sparse: table rows the data touches (default: all)")
     p.add_argument("--gpus", type=options.positive_int, default=8, help="ranks (GPUs) in all (default 8)")
     p.add_argument("--gpu-memory", type=memory_size, default=memory_size("80GB"),
                    help="memory per GPU: 80GB (10^9 bytes), 80GiB or 80G (2^30) (default 80GB)")
@@ -85,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
     """Print the plan."""
     from plelab.training.memory_plan import GPU_PEAKS, GiB, PlanRequest, plan_training
 
+    if args.finetune:
+        from plelab.cli.finetune import run_plan
+
+        return run_plan(args)
+    if not args.config:
+        from plelab.errors import PlelabError
+
+        raise PlelabError("give a training config or preset (or --finetune PATH to plan a fine-tune)")
     train = _train_config(args.config, args.overrides)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else GPU_PEAKS[args.gpu]
     parallel = getattr(train, "parallel", "none")

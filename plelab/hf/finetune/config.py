@@ -111,7 +111,8 @@ class FinetuneConfig(TrainConfig):
 
 def model_config_of(ckpt: HFCheckpoint) -> ModelConfig:
     """plelab's description of a checkpoint's text model (vocabulary, width, depth, heads, context, PLE shape):
-    what the run-folder tools read. The rest of a Gemma layer (AltUp, LAuReL, norms) has no field here."""
+    what the run-folder tools read. The rest of a Gemma layer (AltUp, LAuReL, norms) has no field here.
+    `ckpt` may be anything with `.path` and `.text_config` (a config.json alone, for planning)."""
     t = ckpt.text_config
     ffn = t.get("intermediate_size", 128)
     data: dict[str, Any] = {
@@ -120,8 +121,8 @@ def model_config_of(ckpt: HFCheckpoint) -> ModelConfig:
         "head_dim": t.get("head_dim"), "max_seq_len": t.get("max_position_embeddings") or 8192,
         "norm_eps": t.get("rms_norm_eps", 1e-6), "tie_embeddings": bool(t.get("tie_word_embeddings", True)),
         "embed_scale": True, "ffn": {"intermediate_size": max(ffn) if isinstance(ffn, list) else ffn},
-        "ple": {"dim": ckpt.ple_dim, "vocab_size": ckpt.ple_vocab_size, "context": True, "gate": "input",
-                "output_norm": True},
+        "ple": {"dim": t["hidden_size_per_layer_input"], "vocab_size": t["vocab_size_per_layer_input"],
+                "context": True, "gate": "input", "output_norm": True},
     }
     try:
         return load_model_config(data)

@@ -1,0 +1,94 @@
+"""`plelab plan-train --finetune`: exact parameter counts, activations measured on 'meta' equal to what a real
+CPU forward keeps (tiny configs with Gemma 3n's KV sharing, sliding windows and activation sparsity), and the
+published Gemma 3n E2B / E4B shapes from their config.json alone (the table's saving is exactly its bytes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from plelab.cli.main import main
+from plelab.hf.finetune.config import FinetuneSettings
+from plelab.hf.finetune.memory import CheckpointShape, _model, saved_activation_bytes
+
+pytest.importorskip("peft")
+
+TINY = dict(vocab_size=320, vocab_size_per_layer_input=320, hidden_size=32, hidden_size_per_layer_input=8,
+            num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64,
+            max_position_embeddings=128, sliding_window=8)
+
+
+def _tiny(family: str) -> dict:
+    if family == "gemma3n":
+        from transformers import Gemma3nTextConfig
+
+        return Gemma3nTextConfig(**TINY, laurel_rank=4, altup_num_inputs=2, num_kv_shared_layers=2,
+                                 activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0],
+                                 layer_types=["sliding_attention", "full_attention"] * 2).to_dict()
+    from transformers import Gemma4TextConfig
+
+    return Gemma4TextConfig(**TINY, global_head_dim=16, num_kv_shared_layers=2,
+                            layer_types=["sliding_attention", "full_attention"] * 2).to_dict()
+
+
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_meta_measurement_equals_a_real_forward(family, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**_tiny(family), "model_type": f"{family}_text"}))
+    shape = CheckpointShape.of(tmp_path / "config.json")
+    settings = FinetuneSettings(targets=["attention", "mlp", "ple"])
+    meta = _model(shape, settings, torch.float32, "meta")
+    real = _model(shape, settings, torch.float32, "cpu")
+    torch.manual_seed(0)
+    for p in real.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    got, want = saved_activation_bytes(meta, 2, 24), saved_activation_bytes(real, 2, 24, device="cpu")
+    assert got == want and got[0] > 0
+    # exact counts: every LoRA pair is r x (in + out); frozen + table + adapters = the model
+    lora = sum(p.numel() for n, p in real.named_parameters() if "lora_" in n)
+    linears = [m for n, m in real.named_modules() if hasattr(m, "lora_A")]
+    assert lora == sum(8 * (m.in_features + m.out_features) for m in linears) > 0
+    # kv-shared layers have no k/v projections: nothing adapted there that would never get a gradient
+    assert not any(".layers.3.self_attn.k_proj" in n for n, _ in real.named_modules())
+
+
+def _e2b_e4b(tmp_path) -> dict:
+    from transformers import Gemma3nTextConfig
+
+    e2b = dict(num_hidden_layers=30, intermediate_size=[8192] * 30, num_kv_shared_layers=10,
+               activation_sparsity_pattern=[0.95] * 10 + [0.0] * 20, layer_types=None)
+    out = {}
+    for name, published in (("E2B", e2b), ("E4B", {})):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps({"model_type": "gemma3n", "text_config": Gemma3nTextConfig(**published).to_dict()}))
+        out[name] = f
+    return out
+
+
+@pytest.mark.parametrize(("name", "layers"), [("E2B", 30), ("E4B", 35)])
+def test_published_shapes_from_config_json(tmp_path, capsys, name, layers):
+    config = _e2b_e4b(tmp_path)[name]
+    argv = ["plan-train", "--finetune", str(config), "--gpu-memory", "24GB", "--set", "batch_size=1",
+            "--set", "seq_len=512"]
+    assert main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    table = 262144 * layers * 256
+    assert r["model"]["ple_table_params"] == table and r["model"]["table_shape"] == [262144, layers * 256]
+    assert r["table_on_device_bytes"]["ple_table"] == 2 * table  # bf16: E2B 4.03 GB, E4B 4.70 GB
+    assert r["table_saving_bytes"] == 2 * table and r["table_on_disk_bytes"]["ple_table"] == 0
+    assert r["step"]["frozen_bytes_per_value"] == 2 and r["model"]["lora_params"] > 0
+    assert "inference, not training" in r["public_report"]["differs"]
+    assert main(argv) == 0
+    assert "leaving the table on disk saves" in capsys.readouterr().out
+
+
+def test_plan_of_a_checkpoint_folder_and_bad_input(make_gemma, capsys):
+    folder = make_gemma("gemma4")
+    assert main(["plan-train", "--finetune", str(folder), "--set", "seq_len=64", "--set", "finetune.table=sparse",
+                 "--touched-rows", "100", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["model"]["table_bytes_on_disk"] == 320 * 16 * 4
+    assert r["table_on_disk_bytes"]["table_delta"] == 12 * 100 * 16
+    assert main(["plan-train", "--finetune", str(folder), "--set", "seq_len=64", "--set", "finetune.targets=nope"]) == 2
+    assert "no linear layer named 'nope'" in capsys.readouterr().err
