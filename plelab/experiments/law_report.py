@@ -87,22 +87,58 @@ def tracking_blocks(tracking: dict[str, Any]) -> list[Block]:
     return [("h", 3, "Which early signal ranks the final gain?"),
             ("p", "Spearman's ρ between a candidate read at a fraction of training and the run's final gain over its "
                   "own dP = 0 run (primary loss; positive = a larger signal goes with a larger gain), over the PLE "
-                  "runs (n in brackets). Part of it is only dP itself, which raises both."),
+                  "runs (n in brackets). Part of it is only dP itself, which raises both: the row 'dP/H (trivial "
+                  "ranker)' is what the design alone gets, known before training; a signal adds something only "
+                  "where it clearly beats that row."),
             ("table", head, rows)]
 
 
 def collapse_blocks(analysis: dict[str, Any]) -> list[Block]:
-    """Which axis the widths' paired-gain curves share: dP/H (the law's premise) or dP."""
+    """Which axis the widths' paired-gain curves share: dP/H (the law's premise) or dP, against a simulated null."""
     axes = analysis.get("collapse") or {}
-    if not any(a["k"] for a in axes.values()):
+    if not any(a.get("k") for a in axes.values()):
         return []
-    rows = [[axis, str(a["k"]), fmt(a["mean_abs_diff"], ".4f"), fmt(a["chi2_per_point"], ".2f")]
-            for axis, a in axes.items()]
+    rows = []
+    for axis, a in axes.items():
+        loo = [v for v in a.get("leave_one_out") or [] if v is not None]
+        worst = max(range(len(loo)), key=lambda i: a["statistic"] - loo[i]) if loo else None
+        drop = (f"{fmt(loo[worst], '.2f')} without H {a['points'][worst]['H']} at {axis} = "
+                f"{ratio_text(a['points'][worst]['x']) if axis == 'dP/H' else a['points'][worst]['x']:}"
+                if worst is not None else "-")
+        rows.append([axis, str(a["k"]), fmt(a.get("mean_abs_diff"), ".4f"), fmt(a.get("statistic"), ".2f"),
+                     fmt(a.get("null_median"), ".2f"), fmt(a.get("null_p95"), ".2f"), fmt(a.get("p"), ".3f"), drop])
     return [("h", 2, "Does the gain follow dP/H or dP?"),
             ("p", "Every pair of widths compared where both tested the same value of the axis: z = difference of the "
-                  "paired Δ / its s.e. The curves coincide within noise on an axis whose mean z² is about 1. "
-                  "Descriptive only: each s.e. rests on 3 seeds."),
-            ("table", ["axis", "shared points", "mean |Δ difference| (nats)", "mean z²"], rows)]
+                  "paired Δ / its s.e.; the statistic is the mean z². It is compared with its null simulated from "
+                  "the seeds (each width redrawn with its own seeds' covariance, no difference between widths), not "
+                  "with 1: with 3 seeds a side z is t-like and the points share runs. p = P(null ≥ observed): small "
+                  "= the widths' curves differ on that axis. The last column leaves out the point that moves the "
+                  "statistic most."),
+            ("table", ["axis", "shared points", "mean |Δ difference| (nats)", "mean z²", "null median",
+                       "null 95th percentile", "p", "mean z² without the most influential point"], rows)]
+
+
+def dose_blocks(analysis: dict[str, Any]) -> list[Block]:
+    """Per width: the per-seed slope of the paired Δ on log2 dP, tested across seeds (the seed-level test)."""
+    rows = []
+    for w in analysis["widths"]:
+        d = w.get("dose_response") or {}
+        if not d.get("n"):
+            continue
+        v = d["verdict"]
+        seeds = ", ".join(f"{fmt(b, '+.3f')}" for b in d["per_seed"].values())
+        rows.append([f"H = {w['H']} ({w['form']})", seeds, f"{d['negative']}/{d['n']}",
+                     f"{fmt(d['mean'], '+.4f')} ± {fmt(d['se'])}",
+                     "-" if not v.get("ci95") else f"[{fmt(v['ci95'][0], '+.3f')}, {fmt(v['ci95'][1], '+.3f')}]",
+                     fmt(v.get("p"), ".3f"), v["outcome"]])
+    if not rows:
+        return []
+    return [("h", 2, "Dose-response at the level of seeds"),
+            ("p", "Each seed's paired Δ (dP vs the same seed's dP = 0 run) regressed on log2 dP: one slope per seed, "
+                  "nats per doubling of dP. Every per-dP test of a width shares its seeds' dP = 0 runs, so those tests "
+                  "are not independent and one unusual reference run sinks them all; the slopes use each run once "
+                  "and the seeds are the units (t test across seeds, df = seeds − 1)."),
+            ("table", ["width", "slope per seed", "negative", "mean ± s.e.", "95 % CI", "p", "outcome"], rows)]
 
 
 def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
@@ -120,7 +156,7 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
                      ", ".join(f"{n} {v}" for v, n in (a.get("verdicts") or {}).items()) or "-"])
     trained = [t for t in w["trained"] if t.get("trained") is not None]
     bent = sum(bool(t["trained"]) for t in trained)
-    late = ", ".join(f"{t['name']} ({fmt(t.get('late_share'), '.0%')})" for t in trained if not t["trained"])
+    late = ", ".join(f"{t['name']} ({fmt(t.get('doubling_drop'), '.3f')} nats)" for t in trained if not t["trained"])
     t = w["thresholds"]
     return [
         ("h", 2, f"H = {w['H']}, {w['form']} form ({w['layers']} layers, vocab {w['vocab']}, {w['max_steps']} steps)"),
@@ -130,9 +166,19 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
                   + (f"; above it, not met at dP = {t[name]['exceptions']}" if t[name]["exceptions"] else "")
                   for name in CRITERIA]),
         ("p", f"Trained criterion met by {bent}/{len(trained)} runs"
-              + (f"; not yet bent: {late}" if late else "")
+              + (f"; still falling over the last doubling of tokens: {late}" if late else "")
               + f". Time in training steps, all runs of this width together: {w['train_hours']:.2f} h."),
     ]
+
+
+def _beside_base(result: dict[str, Any]) -> str:
+    """'; the base-rate rule (always alive) gets 20/21: the rule does not beat it' for evaluate_rule's result."""
+    base = result.get("base_rate") or {}
+    if base.get("base_class") is None:
+        return ""
+    verdict = ("beats it" if base["beats_base_rate"] else "does not beat it")
+    return (f" (the base-rate rule, always '{base['base_class']}', gets {base['base_correct']}/{base['n']}: the "
+            f"rule {verdict}; exact McNemar p = {base['mcnemar_p']:.2g})")
 
 
 def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
@@ -162,10 +208,10 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
         test = early.get("test")
         blocks.append(("h", 2, "Early predictor"))
         blocks.append(("p", f"Chosen on the fit widths: {early['text']}; right in {early['fit']['correct']}/"
-                            f"{early['fit']['n']} of their runs. "
+                            f"{early['fit']['n']} of their runs{_beside_base(early['fit'])}. "
                        + (f"On the held-out width(s): {test['correct']}/{test['n']} right ({test['missing']} without "
-                          "the signal); " + ", ".join(f"{k}: {v}" for k, v in sorted(test["confusion"].items())) + "."
-                          if test else "No held-out width has finished runs yet.")))
+                          "the signal); " + ", ".join(f"{k}: {v}" for k, v in sorted(test["confusion"].items()))
+                          + f"{_beside_base(test)}." if test else "No held-out width has finished runs yet.")))
         if early.get("post_hoc"):
             ph = early["post_hoc"]
             blocks.append(("p", f"Post hoc (chosen on every width, held-out one included, so its accuracy is "
@@ -174,6 +220,7 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     else:
         blocks.append(("p", f"Early predictor: {early.get('reason', 'none')}."))
     blocks += tracking_blocks(early.get("tracks_gain") or {})
+    blocks += dose_blocks(analysis)
     blocks += collapse_blocks(analysis)
     blocks.append(("h", 2, "Published points"))
     blocks.append(("table", ["source", "H", "form", "criterion", "dP* bracket", "note"],
