@@ -255,6 +255,20 @@ def _point(run: dict[str, Any], folder: Path) -> dict[str, Any]:
             "diagnostics": summary.get("diagnostics") or {}}
 
 
+def sample_note(evals: dict[str, dict[str, dict[str, Any]]]) -> str | None:
+    """A note when the runs compared were evaluated on different samples of tokens (None when they agree).
+
+    evals: {run: {domain: {..., "sample"}}}. A missing sample is a run recorded before samples were (a text
+    domain then read its first eval_tokens tokens); paired deltas between samples compare different text.
+    """
+    seen = Counter((d.get("sample") or "unrecorded (head)") for run in evals.values() for d in run.values())
+    if len(seen) < 2:
+        return None
+    return ("the runs were evaluated on different samples of tokens (" + ", ".join(f"{k}: {n} domain results"
+            for k, n in sorted(seen.items())) + "): their losses read different text and are not comparable; "
+            "extend a study only from the commit it was run from")
+
+
 def with_eval_losses(point: dict[str, Any], domains: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The point plus 'heldout' (the held-out split's loss, None when not evaluated) and 'domains_macro'.
 
@@ -292,8 +306,10 @@ def analyze_sweep(folder: str | Path) -> dict[str, Any]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for p in done:
         groups.setdefault(group_key(p["values"]), []).append(p)
+    note = sample_note({p["name"]: evals.get(p["name"], {}) for p in done})
     return _jsonable({
         "sweep": meta.get("name", folder.name), "folder": str(folder), "grid": meta.get("grid", {}),
+        "notes": [note] if note else [],
         "counts": dict(Counter(r["status"] for r in runs)), "total_runs": len(runs),
         "rules": STEP_RULES, "noise_sigmas": NOISE_SIGMAS,
         "groups": [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()],

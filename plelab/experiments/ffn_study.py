@@ -46,7 +46,7 @@ from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
-from plelab.experiments.analysis import SEED_KEY
+from plelab.experiments.analysis import SEED_KEY, sample_note
 from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE, VARIANT_KEY
 from plelab.experiments.sweep_store import SweepStore
 
@@ -341,6 +341,9 @@ def analyze_study(finals: Finals, baseline: str, variants: Sequence[str] | None 
 def _notes(finals: Finals, baseline: str, variants: Sequence[str]) -> list[str]:
     """Plain-language notes on what is missing: variants without runs, seeds without a partner, domains."""
     notes = []
+    mixed = sample_note({f"{v}/{s}": evals for v, runs in finals.items() for s, evals in runs.items()})
+    if mixed:
+        notes.append(mixed)
     base = finals.get(baseline, {})
     if not base:
         notes.append(f"the baseline '{baseline}' has no finished runs: no deltas can be computed yet")
