@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--predict", metavar="H1,H2", type=_widths,
                    help="with --law: fit on the other widths and freeze the prediction for these in "
                         "DIR/prediction.json (written once, never overwritten)")
+    p.add_argument("--plan", metavar="FILE",
+                   help="evaluate this analysis plan instead of the registered one; its verdicts are labelled post "
+                        "hoc unless it is the plan the sweep registered before its first run")
     p.add_argument("--measure-decode", action="store_true",
                    help="variant sweeps: export each variant's first seed, time greedy decoding and count bytes read "
                         "per token; writes DIR/decode.json (later reports reuse it). Run it on an idle machine: "
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
         if args.measure_decode:
             raise PlelabError(f"--measure-decode works on the FFN study's sweeps; {args.dir} is a visual PLE study")
-        return run_vision_report(args.dir, args.out, overwrite=args.overwrite, as_json=args.json)
+        return run_vision_report(args.dir, args.out, overwrite=args.overwrite, as_json=args.json, plan=args.plan)
     from plelab.experiments.ffn_study import is_variant_sweep
 
     if is_variant_sweep(args.dir):
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_ffn_report(args.dir, args.out, measure_decode=args.measure_decode,
                               decode_tokens=args.decode_tokens, decode_runtime=args.decode_runtime,
-                              overwrite=args.overwrite, as_json=args.json)
+                              overwrite=args.overwrite, as_json=args.json, plan=args.plan)
     if args.measure_decode:
         raise PlelabError("--measure-decode works on a sweep with [variants] (the FFN study); "
                           f"{args.dir} has none")
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from plelab.experiments.report import write_report
     from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE
 
-    analysis = analyze_sweep(args.dir)
+    analysis = analyze_sweep(args.dir, plan=args.plan)
     out = Path(args.out or args.dir)
     own = out.resolve() == Path(args.dir).resolve()  # the sweep folder's report is regenerated in place
     inputs = (Path(args.dir) / DB_FILE, Path(args.dir) / RESOLVED_FILE)

@@ -295,8 +295,11 @@ def analyze_group(points: list[dict[str, Any]], evals: dict[str, dict[str, dict[
             "dose_response": {key: dose_response(points, key) for key in ("loss", "heldout")}}
 
 
-def analyze_sweep(folder: str | Path) -> dict[str, Any]:
-    """The whole analysis of a sweep folder, JSON-ready (NaN -> None)."""
+def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[str, Any]:
+    """The whole analysis of a sweep folder, JSON-ready (NaN -> None), with the registered plan's verdicts (or
+    those of `plan`, a plan file given at report time: post hoc)."""
+    from plelab.experiments.plan import folder_plan
+
     folder = Path(folder)
     if not (folder / DB_FILE).is_file():
         raise PlelabError(f"{folder} has no {DB_FILE}; run `plelab sweep SWEEP_FILE` first (or give its folder)")
@@ -313,7 +316,7 @@ def analyze_sweep(folder: str | Path) -> dict[str, Any]:
         "counts": dict(Counter(r["status"] for r in runs)), "total_runs": len(runs),
         "rules": STEP_RULES, "noise_sigmas": NOISE_SIGMAS,
         "groups": [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()],
-        "config": (runs[0]["config"] if runs else {}),
+        "config": (runs[0]["config"] if runs else {}), "plan": folder_plan(folder, plan),
     })
 
 

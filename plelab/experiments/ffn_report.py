@@ -207,6 +207,10 @@ def ffn_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
               f"`{a['baseline']}`. Loss = evaluation loss in nats/token on each domain; the macro is the mean over "
               f"the evaluation domains (not the held-out split `{a['heldout_domain']}`)."),
     ]
+    from plelab.experiments.plan_report import plan_blocks, power_blocks
+
+    plan = a.get("plan") or {}
+    blocks += plan_blocks(plan) + (power_blocks(plan["power"]) if plan.get("power") else [])
     return (blocks + summary_blocks(a) + rule_blocks(a) + domain_blocks(a) + domain_blocks(a, "_bpb")
             + timeline_blocks(a, figures) + published_blocks(a))
 
@@ -298,7 +302,7 @@ def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "num
 
 def run_ffn_report(folder: str | Path, out: str | Path | None, *, measure_decode: bool = False,
                    decode_tokens: int = 64, decode_runtime: str = "numpy", overwrite: bool = False,
-                   as_json: bool = False) -> int:
+                   as_json: bool = False, plan: str | Path | None = None) -> int:
     """`plelab report DIR` on a sweep with [variants]: (measure decode,) analyse, write, print."""
     from plelab.cli.common import print_json
     from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE
@@ -308,7 +312,7 @@ def run_ffn_report(folder: str | Path, out: str | Path | None, *, measure_decode
         print("measuring decode speed: the timings mean something only on an otherwise idle machine",
               file=sys.stderr)
         measure_all_decode(folder, decode_tokens, decode_runtime)
-    analysis = study_analysis(folder)
+    analysis = study_analysis(folder, plan=plan)
     out_dir = Path(out or folder)
     own = out_dir.resolve() == folder.resolve()  # the sweep folder's report is regenerated in place
     inputs = (folder / DB_FILE, folder / RESOLVED_FILE, folder / DECODE_FILE)

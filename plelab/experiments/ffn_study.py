@@ -441,13 +441,24 @@ def published_variant(configs: dict[str, dict[str, Any]], baseline: str) -> str 
     return None
 
 
-def study_analysis(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """load_study + variant_costs + analyze_study for a sweep folder, with the sweep's name and run counts."""
+def study_analysis(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None,
+                   plan: str | Path | None = None) -> dict[str, Any]:
+    """load_study + variant_costs + analyze_study for a sweep folder, with the sweep's name and run counts.
+
+    The equivalence margin and test level come from the registered analysis plan (or `plan`, a plan file given
+    at report time, whose verdicts are then post hoc); without one the margin is None.
+    """
+    from plelab.experiments.plan import folder_plan, plan_margin
+
     data = load_study(folder)
     if decode is None:
         decode = _read_json(Path(folder) / DECODE_FILE)
+    registered = folder_plan(folder, plan)
+    margin, alpha = plan_margin(registered)
     costs = {v: variant_costs(cfg) for v, cfg in data["configs"].items()}
-    analysis = analyze_study(data["finals"], data["baseline"], data["variants"], data["timelines"], costs, decode)
+    analysis = analyze_study(data["finals"], data["baseline"], data["variants"], data["timelines"], costs, decode,
+                             margin=margin, alpha=alpha)
+    analysis["plan"] = registered
     head = {"sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
             "total_runs": data["total_runs"], "published_variant": published_variant(data["configs"],
                                                                                    data["baseline"])}

@@ -158,6 +158,11 @@ def build_blocks(analysis: dict[str, Any], figures: dict[str, list[tuple[str, st
               f"{analysis['total_runs']}. Loss = final evaluation loss in nats/token, macro-averaged over the "
               "evaluation domains; spread = seed-to-seed sample standard deviation."),
     ]
+    from plelab.experiments.plan_report import plan_blocks, power_blocks
+
+    plan = analysis.get("plan") or {}
+    blocks += plan_blocks(plan) + (power_blocks(plan["power"]) if plan.get("power") else [])
+    blocks += [("list", analysis["notes"])] if analysis.get("notes") else []
     blocks += config_blocks(analysis.get("config") or {}, analysis.get("grid") or {})
     for g in analysis["groups"]:
         g = {**g, "rules": analysis["rules"]}

@@ -299,15 +299,18 @@ def run_diagnostics(folder: str | Path, run_dirs: dict[tuple[str, int], str],
     return out
 
 
-def study_analysis(folder: str | Path, progress=lambda msg: None) -> dict[str, Any]:
-    """Load the sweep, diagnose (or read the cache), analyse."""
+def study_analysis(folder: str | Path, progress=lambda msg: None, plan: str | Path | None = None) -> dict[str, Any]:
+    """Load the sweep, diagnose (or read the cache), analyse; with the registered plan's verdicts (or `plan`'s,
+    post hoc)."""
+    from plelab.experiments.plan import folder_plan
+
     data = load_study(folder)
     corpora = read_corpora(data["configs"])
     facts = {v: config_facts(cfg, corpora) for v, cfg in data["configs"].items()}
     diags = run_diagnostics(folder, data["run_dirs"], progress)
     analysis = analyze_vision_study(data["finals"], data["baseline"], data["variants"], facts, diags)
     return {"sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
-            "total_runs": data["total_runs"], **analysis}
+            "total_runs": data["total_runs"], **analysis, "plan": folder_plan(folder, plan)}
 
 
 # ----------------------------------------------------------------------------------------------- the report
@@ -415,10 +418,15 @@ def published_blocks(a: dict[str, Any]) -> list[Block]:
 def vision_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     """The whole report."""
     counts = ", ".join(f"{n} {k}" for k, n in sorted(a["counts"].items()))
+    from plelab.experiments.plan_report import plan_blocks, power_blocks
+
+    plan = a.get("plan") or {}
     blocks: list[Block] = [
         ("h", 1, f"Visual PLE study: {a['sweep']}"),
         ("p", f"Sweep folder `{a['folder']}`; runs: {counts} of {a['total_runs']}."),
-        ("h", 2, "Conclusions"), ("list", a["conclusions"] or ["No finished runs yet."]),
+        *plan_blocks(plan), *(power_blocks(plan["power"]) if plan.get("power") else []),
+        ("h", 2, "Conclusions (post hoc unless registered above)"),
+        ("list", a["conclusions"] or ["No finished runs yet."]),
     ]
     blocks += loss_blocks(a) + table_blocks(a) + fix_blocks(a) + published_blocks(a)
     blocks += [("h", 2, "Plots")] + [("img", stem, caption, figures[stem]) for stem, caption in FIGURE_CAPTIONS
@@ -485,13 +493,13 @@ def write_vision_report(analysis: dict[str, Any], out_dir: str | Path, *, overwr
 
 
 def run_vision_report(folder: str | Path, out: str | Path | None, *, overwrite: bool = False,
-                      as_json: bool = False) -> int:
+                      as_json: bool = False, plan: str | Path | None = None) -> int:
     """`plelab report DIR` on a vision sweep: diagnose (cached), analyse, write, print."""
     from plelab.cli.common import print_json
     from plelab.experiments.sweep import RESOLVED_FILE
 
     folder = Path(folder)
-    analysis = study_analysis(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True))
+    analysis = study_analysis(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True), plan)
     target = Path(out or folder)
     own = target.resolve() == folder.resolve()
     paths = write_vision_report(analysis, target, overwrite=own or overwrite,
