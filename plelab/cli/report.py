@@ -21,10 +21,12 @@ def add_parser(sub) -> None:
         "plelab report runs/deadzone-small\n"
         "  plelab report runs/ffn-study --json   (a sweep with [variants]; see docs/ffn-study.md)\n"
         "  plelab report runs/deadzone-small --out docs/deadzone-study --json\n"
-        "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)",
+        "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)\n"
+        "  plelab report docs/ffn-study/records.json --out /tmp/ffn   (recomputed from the committed records)",
         run,
     )
-    p.add_argument("dir", help="sweep folder (holds sweep.sqlite)")
+    p.add_argument("dir", help="sweep folder (holds sweep.sqlite), or a records.json a study report wrote (the report "
+                               "is then recomputed from the per-seed records alone)")
     p.add_argument("--out", help="where report.html, report.md and plots/ go (default: DIR, whose previous report "
                                  "is replaced); existing report files elsewhere need --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace report files that already exist in --out")
@@ -60,6 +62,15 @@ def _widths(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Analyse, plot, write."""
+    if Path(args.dir).is_file():
+        from plelab.experiments.records import report_from_records
+
+        analysis, paths = report_from_records(args.dir, args.out, overwrite=args.overwrite)
+        if args.json:
+            print_json(analysis)
+        else:
+            print("\n".join(str(p) for p in paths))
+        return 0
     if args.law or args.predict:
         from plelab.experiments.law_report import run_law_report
 

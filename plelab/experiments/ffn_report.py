@@ -18,8 +18,9 @@ from plelab.experiments.ffn_study import (
     EXPORT_DTYPE,
     PUBLISHED_DOMAINS,
     PUBLISHED_TIMELINE,
+    analysis_from_records,
     load_study,
-    study_analysis,
+    study_records,
 )
 from plelab.experiments.report import Block, fmt, write_pages
 from plelab.util.fs import atomic_write_bytes
@@ -264,11 +265,12 @@ def ffn_figures(a: dict[str, Any]) -> dict[str, bytes]:
 
 
 def write_ffn_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
-                     inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/report.md, OUT/report.html and the timeline PNGs under OUT/plots/; return the paths."""
+                     inputs: Sequence[str | Path] = (), records: dict[str, Any] | None = None) -> list[Path]:
+    """Write OUT/report.md, OUT/report.html, the timeline PNGs under OUT/plots/ and, given the study's records,
+    OUT/records.json (the per-seed data the report rests on); return the paths."""
     figures = ffn_figures(analysis)
     return write_pages(ffn_blocks(analysis, figures), f"plelab FFN study: {analysis.get('sweep', '')}", out_dir,
-                       figures, overwrite=overwrite, inputs=inputs)
+                       figures, overwrite=overwrite, inputs=inputs, records=records)
 
 
 def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "numpy") -> dict[str, dict[str, Any]]:
@@ -312,11 +314,12 @@ def run_ffn_report(folder: str | Path, out: str | Path | None, *, measure_decode
         print("measuring decode speed: the timings mean something only on an otherwise idle machine",
               file=sys.stderr)
         measure_all_decode(folder, decode_tokens, decode_runtime)
-    analysis = study_analysis(folder, plan=plan)
+    records = study_records(folder, plan=plan)
+    analysis = analysis_from_records(records)
     out_dir = Path(out or folder)
     own = out_dir.resolve() == folder.resolve()  # the sweep folder's report is regenerated in place
     inputs = (folder / DB_FILE, folder / RESOLVED_FILE, folder / DECODE_FILE)
-    paths = write_ffn_report(analysis, out_dir, overwrite=own or overwrite, inputs=inputs)
+    paths = write_ffn_report(analysis, out_dir, overwrite=own or overwrite, inputs=inputs, records=records)
     if as_json:
         print_json(analysis)
         return 0

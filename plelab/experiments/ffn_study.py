@@ -441,28 +441,53 @@ def published_variant(configs: dict[str, dict[str, Any]], baseline: str) -> str 
     return None
 
 
-def study_analysis(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None,
-                   plan: str | Path | None = None) -> dict[str, Any]:
-    """load_study + variant_costs + analyze_study for a sweep folder, with the sweep's name and run counts.
+RECORDS_KIND = "ffn-study"
+"""records.json's `kind` for this study (plelab report RECORDS.json dispatches on it)."""
 
-    The equivalence margin and test level come from the registered analysis plan (or `plan`, a plan file given
-    at report time, whose verdicts are then post hoc); without one the margin is None.
-    """
-    from plelab.experiments.plan import folder_plan, plan_margin
+
+def study_records(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None,
+                  plan: str | Path | None = None) -> dict[str, Any]:
+    """Everything the study's analysis rests on, per seed, as plain data: what a report commits as records.json
+    so that anyone can recompute it (`plelab report records.json`) without the sweep folder."""
+    from plelab.experiments.plan import plan_inputs
 
     data = load_study(folder)
     if decode is None:
         decode = _read_json(Path(folder) / DECODE_FILE)
-    registered = folder_plan(folder, plan)
+    return {"kind": RECORDS_KIND, "sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
+            "total_runs": data["total_runs"], "baseline": data["baseline"], "variants": data["variants"],
+            "finals": data["finals"], "timelines": data["timelines"],
+            "costs": {v: variant_costs(cfg) for v, cfg in data["configs"].items()}, "decode": decode or {},
+            "published_variant": published_variant(data["configs"], data["baseline"]),
+            "plan_inputs": plan_inputs(folder, plan)}
+
+
+def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
+    """The study's analysis from study_records' data (a sweep folder's, or a committed records.json's).
+
+    The equivalence margin and test level come from the registered analysis plan (or a plan given at report
+    time, whose verdicts are then post hoc); without one the margin is None.
+    """
+    from plelab.experiments.plan import plan_from_inputs, plan_margin
+
+    registered = plan_from_inputs(rec["plan_inputs"])
     margin, alpha = plan_margin(registered)
-    costs = {v: variant_costs(cfg) for v, cfg in data["configs"].items()}
-    analysis = analyze_study(data["finals"], data["baseline"], data["variants"], data["timelines"], costs, decode,
+    finals, timelines = _seed_keys(rec["finals"]), _seed_keys(rec["timelines"])
+    analysis = analyze_study(finals, rec["baseline"], rec["variants"], timelines, rec["costs"], rec["decode"],
                              margin=margin, alpha=alpha)
-    analysis["plan"] = registered
-    head = {"sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
-            "total_runs": data["total_runs"], "published_variant": published_variant(data["configs"],
-                                                                                   data["baseline"])}
-    return {**head, **analysis}
+    head = {k: rec[k] for k in ("sweep", "folder", "counts", "total_runs", "published_variant")}
+    return {**head, **analysis, "plan": registered}
+
+
+def study_analysis(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None,
+                   plan: str | Path | None = None) -> dict[str, Any]:
+    """analysis_from_records(study_records(...)) for a sweep folder."""
+    return analysis_from_records(study_records(folder, decode, plan))
+
+
+def _seed_keys(by_variant: dict[str, dict[Any, Any]]) -> dict[str, dict[int, Any]]:
+    """{variant: {seed: ...}} with integer seeds (JSON turned them into strings)."""
+    return {v: {int(s): x for s, x in seeds.items()} for v, seeds in by_variant.items()}
 
 
 def _variant(run: dict[str, Any]) -> str | None:

@@ -24,7 +24,7 @@ from plelab.experiments.law import (
     prediction_record,
     ratio_text,
 )
-from plelab.experiments.report import Block, fmt, to_html, to_markdown
+from plelab.experiments.report import RECORDS_FILE, Block, fmt, plain_data, to_html, to_markdown
 from plelab.util.fs import atomic_write_bytes, check_output_path
 
 PRIMARY = {"heldout": "the prepared data's held-out split", "loss": "macro over the evaluation domains"}
@@ -233,8 +233,10 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
 
 
 def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
-                     inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/law.md, law.html, law.json, deadzone_law.json and plots/law_vs_{ratio,dim}.png; return the paths."""
+                     inputs: Sequence[str | Path] = (), records: dict[str, Any] | None = None) -> list[Path]:
+    """Write OUT/law.md, law.html, law.json, deadzone_law.json, plots/law_vs_{ratio,dim}.png and, given the
+    study's records, OUT/records.json (every run's record: `plelab report OUT/records.json --law` recomputes
+    the whole analysis from it); return the paths."""
     out_dir = Path(out_dir)
     check_output_path(out_dir, overwrite=True, is_dir=True, inputs=tuple(inputs))
     pngs = {name: law_figure(analysis, axis) for name, axis in FIGURES.items()}
@@ -246,6 +248,8 @@ def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite
              out_dir / "law.html": to_html(blocks, "plelab: the dead-zone law").encode(),
              out_dir / "law.json": json.dumps(analysis, indent=2).encode(),
              out_dir / "deadzone_law.json": json.dumps(law_summary(analysis), indent=2).encode()}
+    if records is not None:
+        files[out_dir / RECORDS_FILE] = json.dumps(plain_data(records), indent=1, allow_nan=False).encode()
     if figure:
         files.update({paths[name]: pngs[name] for name in FIGURES})
     for path in files:
@@ -268,7 +272,8 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
         raise PlelabError(f"{frozen_path} already holds the prediction for H = "
                           f"{sorted({p['H'] for p in frozen['predictions']})}; it is never overwritten (the protocol: "
                           "predict once, before running the width). Drop --predict to score it")
-    analysis = law_analysis(gather(folder), predict_widths=predict or (), prediction=frozen)
+    runs = gather(folder)
+    analysis = law_analysis(runs, predict_widths=predict or (), prediction=frozen)
     if predict:
         measured = [p["H"] for p in analysis["predictions"] if p["measured"] is not None]
         if measured:
@@ -276,7 +281,8 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
         atomic_write_bytes(frozen_path, json.dumps(prediction_record(analysis), indent=2).encode())
     out_dir = Path(out or folder)
     own = out_dir.resolve() == folder.resolve()
-    paths = write_law_report(analysis, out_dir, overwrite=own or overwrite, inputs=(frozen_path,))
+    records = law_records(runs, frozen)
+    paths = write_law_report(analysis, out_dir, overwrite=own or overwrite, inputs=(frozen_path,), records=records)
     if as_json:
         print_json(analysis)
         return 0
@@ -291,6 +297,23 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
     for path in paths:
         print(path)
     return 0
+
+
+LAW_KIND = "deadzone-law"
+"""records.json's `kind` for the law study."""
+
+
+def law_records(runs: Sequence[dict[str, Any]], prediction: dict[str, Any] | None) -> dict[str, Any]:
+    """The law's per-run records (losses, verdicts, ablation, trained criterion, early signals) and the frozen
+    prediction: law_analysis recomputes everything from them (`law_from_records`)."""
+    return {"kind": LAW_KIND, "prediction": prediction,
+            "runs": [{k: v for k, v in r.items() if k != "dir"} for r in runs]}
+
+
+def law_from_records(rec: dict[str, Any]) -> dict[str, Any]:
+    """law_analysis on a records.json's runs (fraction keys of the early signals back to numbers)."""
+    runs = [{**r, "signals": {float(f): v for f, v in (r.get("signals") or {}).items()}} for r in rec["runs"]]
+    return law_analysis(runs, prediction=rec.get("prediction"))
 
 
 def load_prediction(path: Path) -> dict[str, Any] | None:

@@ -302,24 +302,6 @@ def evaluate_plan(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, 
             "margin": plan.margin or None, "results": results, "notes": notes}
 
 
-def plan_analysis(store: Any, override: AnalysisPlan | None = None, source: str = "") -> dict[str, Any]:
-    """The report's view: the registration status and, when there is a plan, its evaluation.
-
-    override: a plan given at report time; unless it is the registered one it is evaluated as post hoc.
-    """
-    record = registered_plan(store)
-    status = status_of(record)
-    plan: AnalysisPlan | dict[str, Any] | None = record["plan"] if record else None
-    if override is not None and (record is None or plan_hash(override) != record["sha256"]):
-        plan, status, record = override, "post hoc", {"sha256": plan_hash(override), "source": source,
-                                                       "registered_at": None, "runs_started_before": None}
-    out = {"status": status, "record": None if record is None else {k: record.get(k) for k in (
-        "sha256", "source", "registered_at", "runs_started_before")}}
-    if plan is not None:
-        out["evaluation"] = evaluate_plan(plan, store.runs(), store.evals())
-    return out
-
-
 def plan_margin(analysis: dict[str, Any] | None) -> tuple[float | None, float]:
     """(the plan's study-wide margin or None, its alpha) for the study-specific rules of a report."""
     ev = (analysis or {}).get("evaluation") or {}
@@ -352,19 +334,38 @@ def plan_power(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any
             plan.effect_of_interest or None, "comparisons": rows}
 
 
-def folder_plan(folder: str | Path, override: str | Path | None = None) -> dict[str, Any]:
-    """plan_analysis of a sweep folder (with `override`, a plan file given at report time) and, when there is
-    a plan, the power of its comparisons at the seeds the sweep has, from its own seed spread."""
+def plan_inputs(folder: str | Path, override: str | Path | None = None) -> dict[str, Any]:
+    """Everything the plan's verdicts rest on, as plain data (a report's records.json keeps it): the
+    registration record, a plan given at report time, and the finished runs' seeds, grid values and evaluations."""
     from plelab.experiments.sweep import DB_FILE
     from plelab.experiments.sweep_store import SweepStore
 
-    plan = load_plan(override) if override else None
     with SweepStore(Path(folder) / DB_FILE) as store:
-        out = plan_analysis(store, plan, str(override or ""))
-        record = registered_plan(store)
-        chosen = plan if plan is not None else (record or {}).get("plan")
-        if chosen is not None:
-            runs = store.runs()
-            seeds = len({r["seed"] for r in runs if r["status"] == "done"})
-            out["power"] = plan_power(chosen, runs, store.evals(), max(seeds, 2))
+        runs = [{k: r[k] for k in ("name", "status", "seed", "point", "attempts")} for r in store.runs()]
+        return {"record": registered_plan(store), "override": to_dict(load_plan(override)) if override else None,
+                "override_source": str(override or ""), "runs": runs, "evals": store.evals()}
+
+
+def plan_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """plan_analysis from plan_inputs' data, plus the power of the plan's comparisons at the seeds the runs have
+    (from their own seed spread)."""
+    record, override = inputs.get("record"), inputs.get("override")
+    status = status_of(record)
+    plan = (record or {}).get("plan")
+    if override is not None and (record is None or plan_hash(from_dict(AnalysisPlan, override)) != record["sha256"]):
+        plan, status = override, "post hoc"
+        record = {"sha256": plan_hash(from_dict(AnalysisPlan, override)), "source": inputs.get("override_source"),
+                  "registered_at": None, "runs_started_before": None}
+    out: dict[str, Any] = {"status": status, "record": None if record is None else {
+        k: record.get(k) for k in ("sha256", "source", "registered_at", "runs_started_before")}}
+    if plan is not None:
+        runs, evals = inputs["runs"], inputs["evals"]
+        out["evaluation"] = evaluate_plan(plan, runs, evals)
+        seeds = len({r["seed"] for r in runs if r["status"] == "done"})
+        out["power"] = plan_power(plan, runs, evals, max(seeds, 2))
     return out
+
+
+def folder_plan(folder: str | Path, override: str | Path | None = None) -> dict[str, Any]:
+    """plan_from_inputs(plan_inputs(folder, override)): the plan's verdicts and power for a sweep folder."""
+    return plan_from_inputs(plan_inputs(folder, override))

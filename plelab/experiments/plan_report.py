@@ -1,4 +1,4 @@
-"""Report blocks for the registered analysis plan (plan.plan_analysis) and for a power estimate (power.py)."""
+"""Report blocks for the analysis plan (plan.plan_from_inputs: registration, verdicts) and its power estimate."""
 
 from __future__ import annotations
 

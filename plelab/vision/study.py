@@ -299,18 +299,42 @@ def run_diagnostics(folder: str | Path, run_dirs: dict[tuple[str, int], str],
     return out
 
 
-def study_analysis(folder: str | Path, progress=lambda msg: None, plan: str | Path | None = None) -> dict[str, Any]:
-    """Load the sweep, diagnose (or read the cache), analyse; with the registered plan's verdicts (or `plan`'s,
-    post hoc)."""
-    from plelab.experiments.plan import folder_plan
+RECORDS_KIND = "visual-ple-study"
+"""records.json's `kind` for this study (plelab report RECORDS.json dispatches on it)."""
+
+
+def study_records(folder: str | Path, progress=lambda msg: None, plan: str | Path | None = None) -> dict[str, Any]:
+    """Everything the analysis rests on, per seed (losses, config facts, table diagnostics, the plan's inputs), as
+    plain data: what a report commits as records.json so that anyone can recompute it without the sweep folder."""
+    from plelab.experiments.plan import plan_inputs
 
     data = load_study(folder)
     corpora = read_corpora(data["configs"])
-    facts = {v: config_facts(cfg, corpora) for v, cfg in data["configs"].items()}
-    diags = run_diagnostics(folder, data["run_dirs"], progress)
-    analysis = analyze_vision_study(data["finals"], data["baseline"], data["variants"], facts, diags)
-    return {"sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
-            "total_runs": data["total_runs"], **analysis, "plan": folder_plan(folder, plan)}
+    return {"kind": RECORDS_KIND, "sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
+            "total_runs": data["total_runs"], "baseline": data["baseline"], "variants": data["variants"],
+            "finals": data["finals"], "facts": {v: config_facts(cfg, corpora) for v, cfg in data["configs"].items()},
+            "diagnostics": run_diagnostics(folder, data["run_dirs"], progress),
+            "plan_inputs": plan_inputs(folder, plan)}
+
+
+def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
+    """The analysis from study_records' data (a sweep folder's or a committed records.json's)."""
+    from plelab.experiments.plan import plan_from_inputs
+
+    analysis = analyze_vision_study(_seed_keys(rec["finals"]), rec["baseline"], rec["variants"], rec["facts"],
+                                    _seed_keys(rec["diagnostics"]))
+    return {**{k: rec[k] for k in ("sweep", "folder", "counts", "total_runs")}, **analysis,
+            "plan": plan_from_inputs(rec["plan_inputs"])}
+
+
+def _seed_keys(by_variant: dict[str, dict[Any, Any]]) -> dict[str, dict[int, Any]]:
+    """{variant: {seed: ...}} with integer seeds (JSON turned them into strings)."""
+    return {v: {int(s): x for s, x in seeds.items()} for v, seeds in by_variant.items()}
+
+
+def study_analysis(folder: str | Path, progress=lambda msg: None, plan: str | Path | None = None) -> dict[str, Any]:
+    """analysis_from_records(study_records(...)) for a sweep folder: diagnoses (or reads the cache), analyses."""
+    return analysis_from_records(study_records(folder, progress, plan))
 
 
 # ----------------------------------------------------------------------------------------------- the report
@@ -485,11 +509,12 @@ def vision_figures(a: dict[str, Any]) -> dict[str, bytes]:
 
 
 def write_vision_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
-                        inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/report.md, OUT/report.html and the PNGs under OUT/plots/; return the paths."""
+                        inputs: Sequence[str | Path] = (), records: dict[str, Any] | None = None) -> list[Path]:
+    """Write OUT/report.md, OUT/report.html, the PNGs under OUT/plots/ and, given the study's records,
+    OUT/records.json; return the paths."""
     figures = vision_figures(analysis)
     return write_pages(vision_blocks(analysis, figures), f"plelab visual PLE study: {analysis['sweep']}", out_dir,
-                       figures, overwrite=overwrite, inputs=inputs)
+                       figures, overwrite=overwrite, inputs=inputs, records=records)
 
 
 def run_vision_report(folder: str | Path, out: str | Path | None, *, overwrite: bool = False,
@@ -499,11 +524,12 @@ def run_vision_report(folder: str | Path, out: str | Path | None, *, overwrite: 
     from plelab.experiments.sweep import RESOLVED_FILE
 
     folder = Path(folder)
-    analysis = study_analysis(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True), plan)
+    records = study_records(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True), plan)
+    analysis = analysis_from_records(records)
     target = Path(out or folder)
     own = target.resolve() == folder.resolve()
     paths = write_vision_report(analysis, target, overwrite=own or overwrite,
-                                inputs=(folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE))
+                                inputs=(folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE), records=records)
     if as_json:
         print_json(jsonable(analysis))
     else:

@@ -181,3 +181,18 @@ def test_a_grid_over_more_than_seeds_is_refused_in_one_line(tmp_path, capsys):
     assert main(["report", str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pairs variants by seed, but this sweep's grid also varies lr" in err
+
+
+def test_the_report_commits_its_per_seed_records_and_recomputes_from_them(study, tmp_path, capsys):
+    """A reviewer without the sweep folder regenerates the report, verdicts included, from records.json alone."""
+    out = tmp_path / "docs"
+    assert main(["report", str(study), "--out", str(out)]) == 0
+    records = json.loads((out / "records.json").read_text())
+    assert records["kind"] == "ffn-study" and set(records["finals"]["mglu"]) == {"1", "2", "3"}
+    assert records["plan_inputs"]["record"]["plan"]["name"] == "ffn-test"
+    capsys.readouterr()
+    again = tmp_path / "again"
+    assert main(["report", str(out / "records.json"), "--out", str(again)]) == 0
+    assert (again / "report.md").read_text() == (out / "report.md").read_text()
+    assert main(["report", str(out / "report.md")]) == 2  # not a records file: one line
+    assert "not a readable records file" in capsys.readouterr().err

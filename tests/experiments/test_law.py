@@ -233,6 +233,10 @@ def test_report_law_freezes_the_prediction_once_then_scores_it(finished_sweep, t
     assert main(["report", str(study), "--law"]) == 0
     assert capsys.readouterr().out.count("-> measured -: not run") == 2  # one line per criterion
     assert json.loads((study / "prediction.json").read_text()) == frozen
+    # Every run's record beside the report: the law analysis recomputed from it without the sweep folders.
+    assert main(["report", str(study / "records.json"), "--out", str(tmp_path / "again")]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "again" / "law.json").read_text()) == json.loads((study / "law.json").read_text())
     width = json.loads((study / "law.json").read_text())["widths"][0]["H"]
     assert main(["report", str(study), "--law", "--predict", str(width), "--out", str(tmp_path / "o")]) == 2
     assert "never overwritten" in capsys.readouterr().err
