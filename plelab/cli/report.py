@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
         "  plelab report runs/ffn-study --json   (a sweep with [variants]; see docs/ffn-study.md)\n"
         "  plelab report runs/deadzone-small --out docs/deadzone-study --json\n"
         "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)\n"
-        "  plelab report docs/ffn-study/records.json --out /tmp/ffn   (recomputed from the committed records)",
+        "  plelab report docs/ffn-study/records.json --out /tmp/ffn   (recomputed from the committed records)\n"
+        "  plelab report docs/ffn-study --review   (a committed report without records, under the current rules)",
         run,
     )
     p.add_argument("dir", help="sweep folder (holds sweep.sqlite), or a records.json a study report wrote (the report "
@@ -37,6 +38,11 @@ def add_parser(sub) -> None:
     p.add_argument("--predict", metavar="H1,H2", type=_widths,
                    help="with --law: fit on the other widths and freeze the prediction for these in "
                         "DIR/prediction.json (written once, never overwritten)")
+    p.add_argument("--review", action="store_true",
+                   help="DIR is a committed study report (law.json, or an FFN / visual-PLE report.md) whose sweep "
+                        "folder is gone: recompute what its committed numbers allow under the current rules "
+                        "(post hoc); the law's report is regenerated into DIR/review/, the others' review into "
+                        "DIR/review.md, review.html, review.json")
     p.add_argument("--plan", metavar="FILE",
                    help="evaluate this analysis plan instead of the registered one; its verdicts are labelled post "
                         "hoc unless it is the plan the sweep registered before its first run")
@@ -62,6 +68,12 @@ def _widths(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Analyse, plot, write."""
+    if args.review:
+        from plelab.experiments.review_report import run_review
+
+        for path in run_review(args.dir, args.out, overwrite=args.overwrite):
+            print(path)
+        return 0
     if Path(args.dir).is_file():
         from plelab.experiments.records import report_from_records
 

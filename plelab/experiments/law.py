@@ -187,10 +187,11 @@ def collapse(widths: Sequence[dict[str, Any]], form: str, draws: int = 20_000) -
     is compared where both tested the same axis value: z = (delta_1 - delta_2) / sqrt(se_1^2 + se_2^2).
 
     The statistic is the mean z^2 over the shared points. It is held against its simulated null
-    (stats.curves_agree: each width redrawn with its own seeds' covariance and no difference between widths),
-    not against 1: with 3 seeds a side z is t-like and the points share runs, so two curves that coincide exactly
-    give a mean z^2 near 2 and often far above. `p` is P(null >= observed): small = the widths' curves differ on
-    that axis. leave_one_out: the statistic without each point (one point can carry it).
+    (stats.curves_agree: each width redrawn with its own seeds' spread and no difference between widths), not
+    against 1: with 3 seeds a side z is t-like and the points share runs, so two curves that coincide exactly
+    give a mean z^2 near 2 and often far above. Two nulls: `p` keeps the seeds' correlation across dP (heavy-
+    tailed with 3 seeds: conservative), `p_independent` drops it (liberal). Small p = the widths' curves differ
+    on that axis. leave_one_out: the statistic without each point (one point can carry it).
     """
     out = {}
     for axis, scale in (("dP/H", True), ("dP", False)):
@@ -206,6 +207,9 @@ def collapse(widths: Sequence[dict[str, Any]], form: str, draws: int = 20_000) -
                         seeds.setdefault(s, {})[x] = float(d)
             curves[w["H"]] = seeds
         res = stats.curves_agree(curves, draws=draws)
+        alt = stats.curves_agree(curves, draws=draws, correlated=False)
+        res.update(p_independent=alt["p"], null_median_independent=alt["null_median"],
+                   null_p95_independent=alt["null_p95"])
         for p in res["points"]:
             h1, h2 = p.pop("curves")
             p["H"] = [h1, h2]

@@ -102,17 +102,21 @@ def collapse_blocks(analysis: dict[str, Any]) -> list[Block]:
     for axis, a in axes.items():
         loo = [v for v in a.get("leave_one_out") or [] if v is not None]
         worst = max(range(len(loo)), key=lambda i: a["statistic"] - loo[i]) if loo else None
+        x = a["points"][worst]["x"] if worst is not None else None
         drop = (f"{fmt(loo[worst], '.2f')} without H {a['points'][worst]['H']} at {axis} = "
-                f"{ratio_text(a['points'][worst]['x']) if axis == 'dP/H' else a['points'][worst]['x']:}"
-                if worst is not None else "-")
+                f"{ratio_text(x) if axis == 'dP/H' else format(x, 'g')}" if worst is not None else "-")
         rows.append([axis, str(a["k"]), fmt(a.get("mean_abs_diff"), ".4f"), fmt(a.get("statistic"), ".2f"),
-                     fmt(a.get("null_median"), ".2f"), fmt(a.get("null_p95"), ".2f"), fmt(a.get("p"), ".3f"), drop])
+                     f"{fmt(a.get('null_median'), '.2f')} / {fmt(a.get('null_median_independent'), '.2f')}",
+                     f"{fmt(a.get('null_p95'), '.2f')} / {fmt(a.get('null_p95_independent'), '.2f')}",
+                     f"{fmt(a.get('p'), '.3f')} / {fmt(a.get('p_independent'), '.3f')}", drop])
     return [("h", 2, "Does the gain follow dP/H or dP?"),
             ("p", "Every pair of widths compared where both tested the same value of the axis: z = difference of the "
                   "paired Δ / its s.e.; the statistic is the mean z². It is compared with its null simulated from "
-                  "the seeds (each width redrawn with its own seeds' covariance, no difference between widths), not "
-                  "with 1: with 3 seeds a side z is t-like and the points share runs. p = P(null ≥ observed): small "
-                  "= the widths' curves differ on that axis. The last column leaves out the point that moves the "
+                  "the seeds (each width redrawn with its own seeds' spread, no difference between widths), not "
+                  "with 1: with 3 seeds a side z is t-like and the points share runs. Two nulls, given as "
+                  "correlated / independent: the first keeps the seeds' correlation across dP (with 3 seeds it is "
+                  "heavy-tailed: conservative), the second drops it (liberal). p = P(null ≥ observed): small = the "
+                  "widths' curves differ on that axis. The last column leaves out the point that moves the "
                   "statistic most."),
             ("table", ["axis", "shared points", "mean |Δ difference| (nats)", "mean z²", "null median",
                        "null 95th percentile", "p", "mean z² without the most influential point"], rows)]
@@ -157,6 +161,7 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
     trained = [t for t in w["trained"] if t.get("trained") is not None]
     bent = sum(bool(t["trained"]) for t in trained)
     late = ", ".join(f"{t['name']} ({fmt(t.get('doubling_drop'), '.3f')} nats)" for t in trained if not t["trained"])
+    unknown = {t.get("reason") for t in w["trained"] if t.get("trained") is None}
     t = w["thresholds"]
     return [
         ("h", 2, f"H = {w['H']}, {w['form']} form ({w['layers']} layers, vocab {w['vocab']}, {w['max_steps']} steps)"),
@@ -167,6 +172,8 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
                   for name in CRITERIA]),
         ("p", f"Trained criterion met by {bent}/{len(trained)} runs"
               + (f"; still falling over the last doubling of tokens: {late}" if late else "")
+              + (f"; not evaluable for {len(w['trained']) - len(trained)}: {'; '.join(sorted(unknown))}"
+                 if unknown else "")
               + f". Time in training steps, all runs of this width together: {w['train_hours']:.2f} h."),
     ]
 
@@ -186,6 +193,9 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     primary = analysis["primary_loss"]
     blocks: list[Block] = [
         ("h", 1, "The dead-zone law"),
+        ("p", "Registered before the held-out width's runs: the frozen prediction (prediction.json: the two "
+              "criteria's brackets and the early rule). Every other verdict here (per-dP tests, dose-response, "
+              "the collapse test, the baselines, the law refitted on every width) is post hoc."),
         ("p", f"Primary loss: `{primary}` ({PRIMARY[primary]}); secondary: the macro over the 16 evaluation "
               "domains. Paired Δ = loss(dP) − loss(dP = 0) of the same "
               "seed (same trunk init and data order), mean ± s.e. over seeds."),
@@ -198,6 +208,10 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     blocks.append(("list", [f"{c}: {law['reason']}" + (f"; point estimate {ratio_text(law['estimate'])}"
                                                          if law.get("estimate") else "")
                             for c, law in analysis["law"].items()]))
+    every = law_summary(analysis)
+    blocks.append(("p", f"Refitted on every measured width ({every['fit_widths']}, post hoc: the held-out width is "
+                        f"evidence once measured; `--suggest-ple` uses this): alive: {every['law']['reason']}; gain: "
+                        f"{every['law_gain']['reason']}."))
     if analysis["predictions"]:
         blocks.append(("table", ["H", "criterion", "predicted dP*", "measured dP*", "outcome"],
                        [[str(p["H"]), p["criterion"], bracket_text(p["bracket"]), bracket_text(p["measured"]),
@@ -246,8 +260,9 @@ def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite
     links = {name: os.path.relpath(path, out_dir) for name, path in paths.items()}
     files = {out_dir / "law.md": to_markdown(blocks, links).encode(),
              out_dir / "law.html": to_html(blocks, "plelab: the dead-zone law").encode(),
-             out_dir / "law.json": json.dumps(analysis, indent=2).encode(),
-             out_dir / "deadzone_law.json": json.dumps(law_summary(analysis), indent=2).encode()}
+             out_dir / "law.json": json.dumps(plain_data(analysis), indent=2, allow_nan=False).encode(),
+             out_dir / "deadzone_law.json": json.dumps(plain_data(law_summary(analysis)), indent=2,
+                                                       allow_nan=False).encode()}
     if records is not None:
         files[out_dir / RECORDS_FILE] = json.dumps(plain_data(records), indent=1, allow_nan=False).encode()
     if figure:

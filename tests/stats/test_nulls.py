@@ -33,6 +33,9 @@ def test_coinciding_curves_do_not_have_mean_z2_of_one():
     assert 1.5 < float(np.mean(stats)) < 3.0          # the true null mean is far from 1
     r = curves_agree(_curves(np.random.default_rng(7)), draws=5000)
     assert r["null_median"] > 1.0 and r["null_p95"] > 2.5  # what a single curve pair can show by chance
+    # Without the shared-run correlation each z^2 is ~F(1, 4): median of a mean of 5 near 1.5-2, far tail heavy.
+    ind = curves_agree(_curves(np.random.default_rng(7)), draws=5000, correlated=False)
+    assert ind["null"] == "independent" and 1.2 < ind["null_median"] < 2.5 and ind["null_p95"] > 3.5
 
 
 def test_null_calibration_and_power():
