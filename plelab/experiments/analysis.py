@@ -34,7 +34,8 @@ STEP_RULES = [
     "loss = final evaluation loss (nats/token), macro-averaged over the evaluation domains; each dP's value is "
     "the mean over seeds, and s its seed-to-seed sample standard deviation",
     "noise of a step a -> b = the standard error of the difference of the two means, sqrt(s_a^2/n_a + s_b^2/n_b)",
-    f"dead zone: |delta| <= {NOISE_SIGMAS:g} x noise (the change is within noise)",
+    f"dead zone: |delta| <= {NOISE_SIGMAS:g} x noise (the change is within noise: not resolved from zero, which is "
+    "not evidence of no change; the paired tables and the dose-response below are the seed-level tests)",
     f"worse: delta > {NOISE_SIGMAS:g} x noise (the loss rises beyond noise)",
     "gain per doubling = -delta / log2(b / a); the step from dP = 0 counts as one doubling",
     f"transition: among the significant improvements (delta < -{NOISE_SIGMAS:g} x noise), the one with the largest "
