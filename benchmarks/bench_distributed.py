@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from plelab.data.prepare import prepare_dataset  # noqa: E402
 from plelab.data.tokenizer import Tokenizer  # noqa: E402
-from plelab.inference.device import cpu_bf16_features  # noqa: E402
+from plelab.util.device import cpu_bf16_features  # noqa: E402
 
 SHARED_TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "train" / "en_gutenberg_children_00.txt"
 

@@ -40,12 +40,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from plelab.inference.device import choose_precision  # noqa: E402
 from plelab.model.config import ModelConfig  # noqa: E402
 from plelab.model.params import count_params, matmul_params, train_matmul_macs_per_token, with_ple_dim  # noqa: E402
 from plelab.model.presets import load_model_config  # noqa: E402
 from plelab.model.transformer import LanguageModel  # noqa: E402
 from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token  # noqa: E402
+from plelab.util.device import choose_precision  # noqa: E402
 
 # Identical on both sides; foreach/fused are chosen by torch's defaults for CPU tensors unless set here.
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=True)

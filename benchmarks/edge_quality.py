@@ -34,7 +34,7 @@ from plelab.edge.export import ExportOptions, export_source  # noqa: E402
 from plelab.edge.runtime import EdgeModel  # noqa: E402
 from plelab.inference.load import load_model  # noqa: E402
 from plelab.model import LanguageModel  # noqa: E402
-from plelab.training.checkpoint import resolve_checkpoint  # noqa: E402
+from plelab.runs.checkpoint import resolve_checkpoint  # noqa: E402
 
 
 def windows(tokens: np.ndarray, seq_len: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

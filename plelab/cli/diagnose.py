@@ -88,11 +88,11 @@ def run(args: argparse.Namespace) -> int:
     from plelab.diagnostics.batches import batches_from_tokens
     from plelab.diagnostics.data_sources import load_diagnostic_data
     from plelab.diagnostics.diagnose import diagnose_model
-    from plelab.diagnostics.monitor import load_init_table
     from plelab.diagnostics.table_health import DEFAULT_TOP_K
-    from plelab.inference.device import pick_device
+    from plelab.inference.evaluate import check_seq_len
     from plelab.inference.load import load_model
-    from plelab.training.evaluate import check_seq_len
+    from plelab.training.ple_monitor import load_init_table
+    from plelab.util.device import pick_device
 
     model, _ = load_model(args.checkpoint, device=pick_device(args.device))
     ckpt = Path(model.checkpoint_dir)
@@ -121,13 +121,13 @@ def run_hf(args: argparse.Namespace) -> int:
     """`--hf PATH`: the same diagnosis for a Gemma 3n / Gemma 4 checkpoint, with per-domain deltas."""
     import torch
 
-    from plelab.diagnostics.hf_diagnose import diagnose_hf, hf_eval_batches
     from plelab.diagnostics.table_health import DEFAULT_TOP_K
     from plelab.errors import PlelabError
     from plelab.hf.checkpoint import HFCheckpoint
+    from plelab.hf.diagnose import diagnose_hf, hf_eval_batches
     from plelab.hf.model import load_text_model
-    from plelab.inference.device import pick_device
-    from plelab.training.evaluate import check_seq_len
+    from plelab.inference.evaluate import check_seq_len
+    from plelab.util.device import pick_device
 
     ckpt = HFCheckpoint.open(args.hf)
     if args.layers is not None and max(args.layers) >= ckpt.num_layers:  # before loading gigabytes

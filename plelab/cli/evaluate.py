@@ -30,9 +30,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load, evaluate, print."""
     from plelab.data.prepare import load_eval_domains
-    from plelab.inference.device import pick_device
+    from plelab.inference.evaluate import check_seq_len, evaluate_domains
     from plelab.inference.load import load_for_inference
-    from plelab.training.evaluate import check_seq_len, evaluate_domains
+    from plelab.util.device import pick_device
 
     device = pick_device(args.device)
     model, tokenizer = load_for_inference(args.checkpoint, device)

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print where the folder went."""
-    from plelab.model.hf_export import export_hf
+    from plelab.hf.run_export import export_hf
 
     out = export_hf(args.run, args.out, overwrite=args.overwrite)
     print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained)")

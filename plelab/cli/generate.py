@@ -25,9 +25,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Stream a continuation of the prompt to stdout; one line on stderr when the context cuts the request."""
-    from plelab.inference.device import pick_device
     from plelab.inference.generate import fit_context, generate, stream_text
     from plelab.inference.load import load_for_inference
+    from plelab.util.device import pick_device
 
     model, tokenizer = load_for_inference(args.checkpoint, pick_device(args.device))
     fit = fit_context(tokenizer.encode(args.prompt), args.max_new_tokens, model.config.max_seq_len)

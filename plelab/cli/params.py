@@ -7,7 +7,7 @@ import argparse
 
 from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
-from plelab.model.budget import (
+from plelab.edge.budget import (
     EXPORT_DTYPES,
     FREE_WIDTH,
     active_flops,
@@ -33,7 +33,7 @@ PART_LABELS = {
     "ple_model_projection": "PLE model projection + norm",
     "ple_per_layer": "PLE per-layer gate + projection + norm",
 }
-# --match-ffn choice -> plelab.model.budget budget name
+# --match-ffn choice -> plelab.edge.budget budget name
 MATCH_BUDGETS = {"params": "ffn_params", "inference-bytes": "inference_bytes", "active-flops": "active_flops"}
 
 

@@ -87,10 +87,10 @@ def run(args: argparse.Namespace) -> int:
         from plelab.experiments.law_report import run_law_report
 
         return run_law_report(args.dir, args.out, predict=args.predict, overwrite=args.overwrite, as_json=args.json)
-    from plelab.vision.study import is_vision_sweep
+    from plelab.experiments.vision_study import is_vision_sweep
 
     if is_vision_sweep(args.dir):  # before the variant check: the visual PLE study is a variant sweep too
-        from plelab.vision.study import run_vision_report
+        from plelab.experiments.vision_study import run_vision_report
 
         if args.measure_decode:
             raise PlelabError(f"--measure-decode works on the FFN study's sweeps; {args.dir} is a visual PLE study")

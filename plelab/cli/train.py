@@ -11,8 +11,8 @@ from pathlib import Path
 
 from plelab.cli.common import add_command, add_set_flag
 from plelab.errors import PlelabError
+from plelab.runs.run_dir import CONFIG_FILE, HISTORY_FILE, RESUMABLE_FIELDS
 from plelab.training.config import load_train_config
-from plelab.training.run_dir import CONFIG_FILE, HISTORY_FILE, RESUMABLE_FIELDS
 
 # How long a non-reporting rank waits, after a user error, for rank 0 to print it and exit (see `run`).
 PEER_REPORT_WAIT_S = 30.0
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         raise PlelabError("give a training config (or --resume an existing run directory)")
     if args.init_from_hf:
-        from plelab.model.hf_interop import gemma4_folder_config, load_hf_gemma4_weights
+        from plelab.hf.interop import gemma4_folder_config, load_hf_gemma4_weights
 
         if args.resume:
             raise PlelabError("--init-from-hf starts a new run; --resume continues one from its own checkpoint")

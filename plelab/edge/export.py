@@ -271,7 +271,7 @@ def random_model(cfg: ModelConfig, seed: int) -> tuple[LanguageModel, Callable[[
 
 def checkpoint_config(path: str | Path) -> ModelConfig:
     """The model config of a checkpoint or run dir (no weights read); a bad config.json is one clear error."""
-    from plelab.training.checkpoint import CheckpointError, read_checkpoint_config
+    from plelab.runs.checkpoint import CheckpointError, read_checkpoint_config
     from plelab.util.dataclass_config import ConfigError, from_dict
 
     meta = read_checkpoint_config(path)
@@ -286,7 +286,7 @@ def export_inputs(src: str | Path) -> tuple[Path, ...]:
     path = Path(src)
     if not path.is_dir():
         return (path,) if path.exists() else ()
-    from plelab.training.checkpoint import CheckpointError, resolve_checkpoint
+    from plelab.runs.checkpoint import CheckpointError, resolve_checkpoint
 
     try:
         ckpt = resolve_checkpoint(path)
@@ -301,7 +301,7 @@ def export_source(src: str, out: str | Path, opts: ExportOptions, overrides: lis
     path = Path(src)
     if path.is_dir():
         from plelab.inference.load import load_model
-        from plelab.training.checkpoint import resolve_checkpoint
+        from plelab.runs.checkpoint import resolve_checkpoint
 
         if overrides:
             raise ExportError("--set only applies to presets and config files, not to a checkpoint")
@@ -327,7 +327,7 @@ HF_CORE_NOTE = ("table-only export: the {family} decoder (not the Llama-style co
 
 def _hf_stand_in_config(text: dict[str, Any], where: str) -> ModelConfig:
     """A plelab ModelConfig with the checkpoint's shapes (what the layout and the planner read)."""
-    from plelab.model.hf_interop import ple_config_from_hf
+    from plelab.hf.interop import ple_config_from_hf
     from plelab.util.dataclass_config import ConfigError
 
     ffn = text.get("intermediate_size") or 4 * text["hidden_size"]

@@ -421,7 +421,7 @@ def variant_costs(config: dict[str, Any], dtype: str = EXPORT_DTYPE) -> dict[str
     `params` counts weights only: MGLU's masks ship at 1 bit per element (in `inference_bytes`, and apart as
     `mask_elements`), as the published "halves the FFN gate/up parameters" counts them.
     """
-    from plelab.model.budget import active_params_per_token, inference_bytes
+    from plelab.edge.budget import active_params_per_token, inference_bytes
     from plelab.model.params import count_params
     from plelab.training.config import load_train_config
 

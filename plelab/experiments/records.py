@@ -33,7 +33,7 @@ def report_from_records(path: str | Path, out: str | Path | None, *,
     """Recompute the study's analysis from its records and write its report to `out` (default: the file's folder,
     whose report files it replaces only with `overwrite`); return (analysis, paths written)."""
     from plelab.experiments import ffn_study, law_report
-    from plelab.vision import study as vision
+    from plelab.experiments import vision_study as vision
 
     path = Path(path)
     rec = load_records(path)

@@ -28,7 +28,7 @@ A study that compares *variants* (several fields changed together) names them in
 
 Runs are then named `variant=NAME,seed=1` and ordered grid point by grid point, every variant of a point
 before the next point, so a study cut short still has each variant at its first seeds.
-With `match_ffn` (a plelab.model.budget.BUDGETS name), each matched variant's model is sized by
+With `match_ffn` (a plelab.edge.budget.BUDGETS name), each matched variant's model is sized by
 budget.match_ffn against the baseline variant's model at the same grid point; what it solved is part of the
 run's config (and so of its hash, the database and the reports) and listed in SweepPoint.solved.
 Paths: `base = "..."` is relative to the sweep file; paths inside the training config (data, eval_data,
@@ -82,7 +82,7 @@ class SweepOptions:
     baseline: str = ""
     """The variant the others are compared with (and matched against); empty = the first [variants] table."""
     match_ffn: str = ""
-    """Size each variant's FFN to the baseline's budget: one of plelab.model.budget.BUDGETS (ffn_params,
+    """Size each variant's FFN to the baseline's budget: one of plelab.edge.budget.BUDGETS (ffn_params,
     inference_bytes, active_flops); empty = every variant keeps the width its config gives."""
     plan: str = ""
     """The study's analysis plan file (plelab.experiments.plan), relative to the sweep file: hashed into the
@@ -244,8 +244,8 @@ def _point_overrides(values: dict[str, Any]) -> list[str]:
 
 
 def _budget():
-    """plelab.model.budget, imported when a sweep first needs it."""
-    from plelab.model import budget
+    """plelab.edge.budget, imported when a sweep first needs it."""
+    from plelab.edge import budget
 
     return budget
 

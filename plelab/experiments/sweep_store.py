@@ -226,7 +226,7 @@ class SweepStore:
     def evals(self) -> dict[str, dict[str, dict[str, float]]]:
         """{run: {domain: {loss, bpb, tokens, loss_se, windows, sample}}} of the final evaluations.
 
-        `sample` is how the tokens were picked (plelab.training.evaluate); None for a row recorded before it
+        `sample` is how the tokens were picked (plelab.inference.evaluate); None for a row recorded before it
         was stored (a text domain was then read from its start: "head").
         """
         out: dict[str, dict[str, dict[str, float]]] = {}

@@ -8,5 +8,5 @@ Memory: the table is never materialised. Diagnosing reads only the rows a batch 
 exporting reads it in chunks of rows; both use os.pread, so the file's pages stay in the page cache
 instead of the process's RSS. The rest of the text model is in memory in the chosen dtype, so the
 expected peak RSS of a diagnosis is about (text parameters - table) x bytes per value + activations
-(see plelab/diagnostics/hf_diagnose.py). transformers is an optional extra (pip install 'plelab[hf]').
+(see plelab/hf/diagnose.py). transformers is an optional extra (pip install 'plelab[hf]').
 """

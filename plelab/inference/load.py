@@ -10,7 +10,7 @@ from plelab.data.tokenizer import Tokenizer
 from plelab.errors import PlelabError
 from plelab.model.config import ModelConfig
 from plelab.model.transformer import LanguageModel
-from plelab.training.checkpoint import (
+from plelab.runs.checkpoint import (
     CheckpointError,
     read_checkpoint_json,
     read_weights,

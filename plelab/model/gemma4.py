@@ -12,7 +12,7 @@ One layer, with `n(.)` an RMSNorm (weight used as-is, x * w) and `v_norm` one wi
 Sliding and full-attention layers differ in RoPE (base, rotated share of the head) and may differ in head
 width and key/value heads. With `num_kv_shared_layers` the last layers reuse the keys/values of the last
 earlier layer of their kind; with `attention_k_eq_v` the full layers' values are their keys before norm and
-RoPE. Parameter names are transformers' (see plelab/model/hf_interop.py). Around the layers
+RoPE. Parameter names are transformers' (see plelab/hf/interop.py). Around the layers
 (plelab/model/transformer.py): the embedding is scaled by sqrt(H), and the logits are soft-capped when
 `final_logit_softcap` is set.
 """

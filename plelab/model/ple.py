@@ -10,7 +10,7 @@ In-layer (`PerLayerInjection`, after attention and FFN of layer l):
     y = RMSNorm_H(W_proj(g * ple[l]))  (norm optional)            h <- h + y
 
 Module and parameter names match Hugging Face Gemma 3n / Gemma 4 one to one
-(see plelab/model/hf_interop.py), so weights move between the two without renaming logic.
+(see plelab/hf/interop.py), so weights move between the two without renaming logic.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sharded checkpoints: torch.distributed.checkpoint (DCP) files, with the guarantees of `training/checkpoint.py`.
+"""Sharded checkpoints: torch.distributed.checkpoint (DCP) files, with the guarantees of `runs/checkpoint.py`.
 
 Every rank writes its own shards (the PLE table rows it owns and their Adam moments; FSDP's parameter and
 optimizer shards) into one temp dir; rank 0 adds config.json, tokenizer.json and state.pt (step, loader, RNG,
@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from plelab.parallel.group import World, broadcast, on_main
 from plelab.parallel.table import ShardedEmbedding, shard_bounds
-from plelab.training.checkpoint import (
+from plelab.runs.checkpoint import (
     SHARDED_MODEL_PREFIX,
     SHARDED_OPTIM_PREFIX,
     CheckpointError,

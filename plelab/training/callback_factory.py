@@ -23,7 +23,7 @@ def callbacks_for(cfg: TrainConfig, note: Callable[[str], None] = print) -> list
     for text in notes:
         note(f"note: {text}")
     if cfg.diagnostics_every and cfg.model.ple.dim:
-        from plelab.diagnostics.monitor import PLEMonitor
+        from plelab.training.ple_monitor import PLEMonitor
 
         callbacks.append(PLEMonitor(every=cfg.diagnostics_every, early_fraction=cfg.early_warning_fraction))
     if cfg.model.ffn.kind == "moe":

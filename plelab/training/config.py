@@ -56,7 +56,7 @@ class TrainConfig:
     dtype: str = "auto"
     """auto = bf16 autocast where the hardware computes bf16 natively (CUDA with bf16; CPUs with AVX512-BF16,
     AMX or aarch64 BF16), else fp32; or bf16 / fp32. The run prints its choice and why
-    (plelab.inference.device.choose_precision). Weights, optimizer state, norms and the loss stay fp32.
+    (plelab.util.device.choose_precision). Weights, optimizer state, norms and the loss stay fp32.
     On a CPU the gain needs width: measured here 1.40x at H = 256 (benchmarks/bench_train_step.py) but 0.9x
     at H = 128 and 0.55-0.6x for mini-ple on a byte vocabulary (benchmarks/bench_distributed.py): set fp32
     for tiny models."""

@@ -12,7 +12,7 @@ from plelab.data.loader import BatchLoader, TokenDataset
 from plelab.data.prepare import HELDOUT_DOMAIN, EvalDomain, load_eval_domains
 from plelab.data.tokenizer import Tokenizer
 from plelab.errors import PlelabError
-from plelab.inference.device import host_to_device
+from plelab.util.device import host_to_device
 
 
 def split_as_domain(dataset: TokenDataset, name: str = "val") -> EvalDomain:

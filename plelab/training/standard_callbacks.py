@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from plelab.inference.device import autocast_context
-from plelab.training.callbacks import Callback, TrainingStopped
-from plelab.training.checkpoint import (
+from plelab.runs.checkpoint import (
     CheckpointError,
     newest_verified_checkpoint,
     prune_checkpoints,
 )
+from plelab.training.callbacks import Callback, TrainingStopped
 from plelab.training.mfu import measure_matmul_peak, mfu
+from plelab.util.device import autocast_context
 
 
 def format_eta(seconds: float) -> str:
@@ -122,7 +122,7 @@ class Evaluator(Callback):
         evaluating another kind of model overrides this and keeps the cadence and bookkeeping below."""
         if not trainer.data.eval_domains:
             return None
-        from plelab.training.evaluate import evaluate_domains
+        from plelab.inference.evaluate import evaluate_domains
 
         cfg = trainer.config
         return evaluate_domains(

@@ -3,7 +3,7 @@
 The loop computes steps and owns the state a checkpoint must hold; everything else (speed/MFU, console
 progress, evaluation, checkpoint cadence, TensorBoard, W&B, PLE diagnostics) is a callback, built from the
 config by `plelab.training.callback_factory.callbacks_for`. The run directory is locked, checked and
-cleaned by `plelab.training.run_dir`. Under torchrun every rank runs this loop; `plelab.parallel.engine.Parallel`
+cleaned by `plelab.runs.run_dir`. Under torchrun every rank runs this loop; `plelab.parallel.engine.Parallel`
 shards the PLE table, wraps the model in DDP / FSDP2 and writes sharded checkpoints, and rank 0 alone writes
 the run directory's files (one process: Parallel does nothing).
 """
@@ -24,14 +24,11 @@ import numpy as np
 import torch
 
 from plelab.data.loader import BatchLoader
-from plelab.inference.device import choose_precision, fused_adamw, pick_device
 from plelab.model.transformer import LanguageModel
 from plelab.parallel.engine import Parallel
 from plelab.parallel.group import PeerLost, is_peer_failure, peer_failure_text
-from plelab.training import run_dir as rd
-from plelab.training.callback_factory import callbacks_for
-from plelab.training.callbacks import Callback, TrainingStopped, unique_names
-from plelab.training.checkpoint import (
+from plelab.runs import run_dir as rd
+from plelab.runs.checkpoint import (
     CheckpointError,
     atomic_write_bytes,
     load_training_state,
@@ -41,10 +38,13 @@ from plelab.training.checkpoint import (
     remove_leftovers,
     save_checkpoint,
 )
+from plelab.training.callback_factory import callbacks_for
+from plelab.training.callbacks import Callback, TrainingStopped, unique_names
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.training.data_access import TrainingData
 from plelab.training.optim import Optimizer, grad_norm_and_clip, lr_at, model_config_for
 from plelab.training.standard_callbacks import Checkpointer, Evaluator, existing_checkpoints
+from plelab.util.device import choose_precision, fused_adamw, pick_device
 from plelab.util.fs import check_output_path
 
 __all__ = ["Trainer", "TrainingStopped"]

@@ -21,7 +21,7 @@ Rules (also in RULES):
                     dimensions can still pass as random; the ablation below is the test of use. And the
                     Gaussian is the null of an isotropic table: optimisation noise that is alike for every id
                     but anisotropic fails it too, so a study compares with its random-id control
-                    (plelab.vision.study);
+                    (plelab.experiments.vision_study);
   ablation          caption loss on held-out batches with the visual PLE input zeroed ('zero': no injection at
                     all) and with the patch ids shuffled across the batch's patch positions ('shuffle_ids':
                     the table, gate and context path still run, the id's identity is gone); delta = ablated -
@@ -291,7 +291,7 @@ def heldout_batches(corpus: str | Path, batch_size: int = 100, device: str = "cp
 def diagnose_run(path: str | Path, corpus: str | Path | None = None, batch_size: int = 100,
                  seed: int = 0) -> dict[str, Any]:
     """diagnose_vision_model on a vision run's latest checkpoint and its corpus's held-out split (CPU)."""
-    from plelab.training.checkpoint import resolve_checkpoint
+    from plelab.runs.checkpoint import resolve_checkpoint
     from plelab.vision.train import load_vision_model
 
     model, meta = load_vision_model(path, "cpu")

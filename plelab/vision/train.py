@@ -19,9 +19,8 @@ import torch
 from safetensors import safe_open
 
 from plelab.errors import PlelabError
-from plelab.inference.device import autocast_context
 from plelab.model.config import ModelConfig
-from plelab.training.checkpoint import (
+from plelab.runs.checkpoint import (
     CheckpointError,
     read_checkpoint_json,
     read_weights,
@@ -32,6 +31,7 @@ from plelab.training.optim import model_config_for
 from plelab.training.standard_callbacks import Evaluator, ProgressPrinter
 from plelab.training.trainer import Trainer
 from plelab.util.dataclass_config import ConfigError, from_dict
+from plelab.util.device import autocast_context
 from plelab.vision.data import VisionData
 from plelab.vision.model import VisionPLEModel, visual_model_config
 

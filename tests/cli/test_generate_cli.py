@@ -12,7 +12,7 @@ from plelab.cli.main import main
 from plelab.data.tokenizer import Tokenizer
 from plelab.edge.export import ExportOptions, export_model
 from plelab.model import LanguageModel, load_model_config
-from plelab.training.checkpoint import save_checkpoint
+from plelab.runs.checkpoint import save_checkpoint
 
 
 @pytest.fixture(scope="module")

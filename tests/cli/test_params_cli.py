@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from plelab.cli.main import main
+from plelab.edge.budget import active_flops, active_params_per_token, inference_bytes
 from plelab.model import load_model_config
-from plelab.model.budget import active_flops, active_params_per_token, inference_bytes
 
 
 def plelab(*args: str) -> subprocess.CompletedProcess:

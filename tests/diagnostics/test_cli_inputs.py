@@ -13,7 +13,7 @@ from plelab.cli.main import main
 from plelab.data.prepare import prepare_dataset, train_tokenizer
 from plelab.data.tokenizer import Tokenizer
 from plelab.model.transformer import LanguageModel
-from plelab.training.checkpoint import save_checkpoint
+from plelab.runs.checkpoint import save_checkpoint
 
 TEXT = "The cat sat on the mat. A dog ran in the park. " * 40
 

@@ -16,7 +16,7 @@ from plelab.diagnostics.early import (
     spearman,
     tracks_gain,
 )
-from plelab.diagnostics.monitor import PLEMonitor
+from plelab.training.ple_monitor import PLEMonitor
 
 TOTAL = 200
 
@@ -146,7 +146,7 @@ def test_diagnose_early_without_and_with_a_measured_rule(tmp_path, monkeypatch, 
 def test_table_movement_is_the_relative_frobenius_change_read_in_chunks(tmp_path, make_model, monkeypatch):
     import torch
 
-    from plelab.diagnostics import monitor as M
+    from plelab.training import ple_monitor as M
 
     monkeypatch.setattr(M, "MOVEMENT_CHUNK_ROWS", 7)  # several chunks and a ragged last one
     model = make_model()

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import torch
 
-from plelab.diagnostics.monitor import PLEMonitor
+from plelab.training.ple_monitor import PLEMonitor
 
 
 class FakeTrainer:

@@ -13,8 +13,8 @@ from plelab.cli import diagnose as cli
 trainer_mod = pytest.importorskip("plelab.training.trainer")
 from plelab.data.prepare import prepare_dataset  # noqa: E402
 from plelab.data.tokenizer import Tokenizer  # noqa: E402
-from plelab.diagnostics.monitor import PLEMonitor  # noqa: E402
 from plelab.training.config import load_train_config  # noqa: E402
+from plelab.training.ple_monitor import PLEMonitor  # noqa: E402
 
 TEXT = "Per-layer embeddings give every layer its own small vector per token. A dead zone changes nothing. "
 

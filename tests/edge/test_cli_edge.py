@@ -109,7 +109,7 @@ def test_console_entry_has_no_traceback_on_corrupt_input(small, tmp_path):
 
 
 def test_export_and_plan_a_checkpoint_with_its_tokenizer(tmp_path, capsys):
-    from plelab.training.checkpoint import save_checkpoint
+    from plelab.runs.checkpoint import save_checkpoint
 
     tok = Tokenizer.byte_level()
     tok_file = tok.save(tmp_path / "tokenizer.json")
@@ -141,7 +141,7 @@ def test_export_refuses_to_overwrite_unless_asked(small, capsys):
 
 
 def test_export_never_writes_over_its_input(tmp_path, capsys):
-    from plelab.training.checkpoint import save_checkpoint
+    from plelab.runs.checkpoint import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000001", lively_model())
     weights = next(p for p in ckpt.iterdir() if p.name.startswith("model"))
@@ -205,7 +205,7 @@ def test_a_killed_export_leaves_a_temp_file_the_next_export_removes(tmp_path):
 
 
 def test_plan_refuses_flags_that_would_be_ignored(small, tmp_path, capsys):
-    from plelab.training.checkpoint import save_checkpoint
+    from plelab.runs.checkpoint import save_checkpoint
 
     for flags in (["--quant", "int4"], ["--group", "64"], ["--embed-in-record"], ["--align", "8"], ["--page", "4096"]):
         err = one_line_error(capsys, "plan", str(small), "--device", "desktop", *flags)
@@ -272,7 +272,7 @@ def test_non_utf8_and_corrupt_inputs_are_one_line(small, tmp_path, capsys):
     export_model(lively_model(), bare, ExportOptions(quant="int8"))
     one_line_error(capsys, "run", str(bare), "--prompt", "hi", "--tokenizer", str(tok))
     run = tmp_path / "run" / "checkpoints" / "step_00000001"
-    from plelab.training.checkpoint import save_checkpoint
+    from plelab.runs.checkpoint import save_checkpoint
 
     save_checkpoint(run, lively_model())
     (run / "config.json").write_bytes(b"\xff\xfe not json")

@@ -9,7 +9,7 @@ import torch
 from edge_helpers import lively_model
 
 from plelab.data.tokenizer import Tokenizer
-from plelab.training.checkpoint import save_checkpoint
+from plelab.runs.checkpoint import save_checkpoint
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))

@@ -26,7 +26,7 @@ from plelab.edge.plan import items
 from plelab.edge.quant import Encoding
 from plelab.edge.runtime import EdgeModel, EdgeRuntimeError
 from plelab.model import LanguageModel, load_model_config
-from plelab.training.checkpoint import save_checkpoint
+from plelab.runs.checkpoint import save_checkpoint
 
 HAVE_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 MOE = ["ffn.kind=moe", "ffn.num_experts=4", "ffn.expert_size=48"]

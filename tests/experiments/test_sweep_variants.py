@@ -9,8 +9,8 @@ import pytest
 from sweep_helpers import write_sweep
 
 from plelab.cli.main import main
+from plelab.edge.budget import budget_value
 from plelab.experiments.sweep import config_hash, load_sweep
-from plelab.model.budget import budget_value
 from plelab.util.dataclass_config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def test_sweep_files_without_variants_keep_their_run_names_and_config_hashes():
 def test_the_ffn_study_file_states_the_widths_match_ffn_solves():
     """configs/sweeps/ffn-study.toml writes its matched widths out (so the file says what ran): they must be what
     budget.match_ffn solves against MGLU n_m = 1, or the study's equal-budget claim is false."""
-    from plelab.model.budget import FREE_WIDTH, inference_bytes, match_ffn
+    from plelab.edge.budget import FREE_WIDTH, inference_bytes, match_ffn
 
     sweep = load_sweep(REPO / "configs/sweeps/ffn-study.toml", ["grid.seed=[1]"])
     models = {p.variant: p.config.model for p in sweep.points}

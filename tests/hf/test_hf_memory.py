@@ -23,7 +23,7 @@ PROBE = textwrap.dedent(
     import json, sys
     import transformers.models.gemma4.modeling_gemma4  # noqa: F401  (imports are not what is measured)
     from plelab.cli.main import main
-    import plelab.diagnostics.hf_diagnose, plelab.edge.export  # noqa: F401
+    import plelab.hf.diagnose, plelab.edge.export  # noqa: F401
 
     def status(key):
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))

@@ -8,10 +8,10 @@ import torch
 from plelab.cli.main import main
 from plelab.data.tokenizer import Tokenizer
 from plelab.errors import PlelabError
-from plelab.inference.device import pick_device
 from plelab.inference.load import load_for_inference, load_model
 from plelab.model import LanguageModel, load_model_config
-from plelab.training.checkpoint import CheckpointError, save_checkpoint
+from plelab.runs.checkpoint import CheckpointError, save_checkpoint
+from plelab.util.device import pick_device
 
 
 @pytest.fixture

@@ -20,16 +20,16 @@ pytest.importorskip("transformers")
 from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig  # noqa: E402
 from transformers.models.gemma4.modeling_gemma4 import Gemma4ForCausalLM  # noqa: E402
 
-from plelab.model import KVCache, LanguageModel  # noqa: E402
-from plelab.model import gemma4 as g4  # noqa: E402
-from plelab.model.config import ConfigError, FFNConfig, Gemma4Config, ModelConfig  # noqa: E402
-from plelab.model.hf_interop import (  # noqa: E402
+from plelab.hf.interop import (  # noqa: E402
     HFInteropError,
     gemma4_config_from_hf,
     hf_gemma4_config,
     hf_gemma4_state_dict,
     load_hf_gemma4_weights,
 )
+from plelab.model import KVCache, LanguageModel  # noqa: E402
+from plelab.model import gemma4 as g4  # noqa: E402
+from plelab.model.config import ConfigError, FFNConfig, Gemma4Config, ModelConfig  # noqa: E402
 from plelab.model.params import count_params  # noqa: E402
 
 TOL = 1e-5

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dist_helpers import ENV, losses, make_dataset, ok, plelab, rel_close, torchrun, write_config
 
-from plelab.training.checkpoint import newest_verified_checkpoint, verify_checkpoint
+from plelab.runs.checkpoint import newest_verified_checkpoint, verify_checkpoint
 
 
 @pytest.fixture(scope="module")

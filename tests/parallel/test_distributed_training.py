@@ -11,7 +11,7 @@ from dist_helpers import losses, make_dataset, ok, plelab, rel_close, torchrun, 
 
 from plelab.inference.load import load_model
 from plelab.parallel.checkpoint import TABLE_WEIGHT
-from plelab.training.checkpoint import SHARDED_MODEL_PREFIX, SHARDED_OPTIM_PREFIX, is_sharded, resolve_checkpoint
+from plelab.runs.checkpoint import SHARDED_MODEL_PREFIX, SHARDED_OPTIM_PREFIX, is_sharded, resolve_checkpoint
 
 
 @pytest.fixture(scope="module")

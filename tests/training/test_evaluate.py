@@ -10,10 +10,10 @@ import torch
 from training_helpers import make_dataset, write_config
 
 from plelab.data.prepare import HELDOUT_DOMAIN, EvalDomain
+from plelab.inference.evaluate import evaluate_domains
 from plelab.model.transformer import LanguageModel
 from plelab.training.config import load_train_config
 from plelab.training.data_access import TrainingData
-from plelab.training.evaluate import evaluate_domains
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def _domain(n_docs: int = 40, doc_tokens: int = 300) -> EvalDomain:
 
 def test_head_reads_only_the_start_spread_reads_the_whole_file_all_reads_everything():
     """The old evaluation (eval_tokens = 4096, first documents) read a few percent of a file from its start."""
-    from plelab.training.evaluate import sample_windows
+    from plelab.inference.evaluate import sample_windows
 
     dom = _domain()                                        # 12,000 targets
     _, head, _ = sample_windows(dom, 128, 1024, "head")

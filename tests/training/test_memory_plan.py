@@ -14,7 +14,6 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from plelab.errors import PlelabError
-from plelab.inference.device import choose_precision
 from plelab.model.params import matmul_params
 from plelab.model.transformer import LanguageModel
 from plelab.training.config import load_train_config
@@ -28,6 +27,7 @@ from plelab.training.memory_plan import (
     rank_memory,
 )
 from plelab.training.optim import Optimizer, model_config_for
+from plelab.util.device import choose_precision
 
 STATED_ERROR = 0.01  # docs/scaling.md quotes this bound
 

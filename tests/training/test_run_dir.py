@@ -156,7 +156,7 @@ def test_leftovers_of_killed_writers_and_pruners_are_removed_on_the_next_run(set
 
 
 def test_a_kill_during_pruning_never_leaves_a_half_checkpoint(setup, monkeypatch):
-    import plelab.training.checkpoint as ck
+    import plelab.runs.checkpoint as ck
 
     cfg = load_train_config(write_config(setup, max_steps=8, ckpt_every=4, keep_checkpoints=1))
     real_rmtree = shutil.rmtree

@@ -107,7 +107,7 @@ def test_too_many_non_finite_losses_stop_with_the_last_checkpoint_intact(setup):
     with pytest.raises(TrainingStopped, match="non-finite losses in a row"):
         trainer.run()
     from plelab.inference.load import load_model
-    from plelab.training.checkpoint import resolve_checkpoint
+    from plelab.runs.checkpoint import resolve_checkpoint
 
     assert resolve_checkpoint(setup / "run").name == "step_00000004"
     model, _ = load_model(setup / "run")  # checksums verified
@@ -147,7 +147,7 @@ def test_a_stop_before_any_checkpoint_says_there_is_none(setup):
 def test_disk_full_while_checkpointing_is_a_clear_stop(setup, monkeypatch, form):
     cfg = load_train_config(write_config(setup, max_steps=8, ckpt_every=4))
     trainer = Trainer(cfg, setup / "run", quiet=True)
-    import plelab.training.checkpoint as ck
+    import plelab.runs.checkpoint as ck
 
     name = "save" if form == "torch_runtime_error" else "save_file"
     module = ck.torch if form == "torch_runtime_error" else ck
@@ -176,7 +176,7 @@ def test_disk_full_while_checkpointing_is_a_clear_stop(setup, monkeypatch, form)
 
 @needs_dev_full
 def test_disk_full_in_the_cli_is_one_line_and_exit_2(setup, monkeypatch, capsys):
-    import plelab.training.checkpoint as ck
+    import plelab.runs.checkpoint as ck
     from plelab.cli.main import main
 
     real_save = ck.torch.save

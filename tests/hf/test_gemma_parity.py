@@ -25,8 +25,7 @@ from transformers.models.gemma3n.modeling_gemma3n import Gemma3nTextModel  # noq
 from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig  # noqa: E402
 from transformers.models.gemma4.modeling_gemma4 import Gemma4TextModel  # noqa: E402
 
-from plelab.model import LanguageModel, load_model_config  # noqa: E402
-from plelab.model.hf_interop import (  # noqa: E402
+from plelab.hf.interop import (  # noqa: E402
     HFInteropError,
     gemma_ple_mapping,
     hf_ple_state_dict,
@@ -34,6 +33,7 @@ from plelab.model.hf_interop import (  # noqa: E402
     mapping_table_markdown,
     ple_config_from_hf,
 )
+from plelab.model import LanguageModel, load_model_config  # noqa: E402
 from plelab.model.norm import RMSNorm  # noqa: E402
 from plelab.model.ple import PerLayerInjection, PerLayerInputs  # noqa: E402
 

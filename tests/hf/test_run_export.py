@@ -23,9 +23,9 @@ from transformers.models.gemma4.modeling_gemma4 import Gemma4ForCausalLM  # noqa
 
 from plelab.cli.main import main  # noqa: E402
 from plelab.data.tokenizer import Tokenizer  # noqa: E402
+from plelab.hf.interop import gemma4_config_from_hf  # noqa: E402
 from plelab.inference.generate import generate  # noqa: E402
 from plelab.inference.load import load_model  # noqa: E402
-from plelab.model.hf_interop import gemma4_config_from_hf  # noqa: E402
 from plelab.training.config import load_train_config  # noqa: E402
 from plelab.training.trainer import Trainer  # noqa: E402
 

@@ -267,7 +267,7 @@ def read_corpora(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 def run_diagnostics(folder: str | Path, run_dirs: dict[tuple[str, int], str],
                     progress=lambda msg: None) -> dict[str, dict[int, dict[str, Any]]]:
     """{variant: {seed: diagnose_run(...)}} for every finished run, from the cache where its checkpoint matches."""
-    from plelab.training.checkpoint import CheckpointError, resolve_checkpoint
+    from plelab.runs.checkpoint import CheckpointError, resolve_checkpoint
     from plelab.vision.diagnostics import diagnose_run
 
     path = Path(folder) / DIAG_FILE

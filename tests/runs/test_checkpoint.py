@@ -7,7 +7,7 @@ import torch
 
 from plelab.inference.load import load_model
 from plelab.model import LanguageModel, load_model_config
-from plelab.training.checkpoint import CheckpointError, save_checkpoint
+from plelab.runs.checkpoint import CheckpointError, save_checkpoint
 
 
 def test_round_trip_and_corruption(tmp_path):

@@ -31,8 +31,8 @@ from plelab.diagnostics.grads import grad_norm_ratios
 from plelab.diagnostics.injection import probe_layers
 from plelab.diagnostics.model_parts import as_batches, model_device, ple_layers, ple_table, unwrap
 from plelab.diagnostics.table_health import DEFAULT_TOP_K
+from plelab.runs.checkpoint import atomic_write_bytes
 from plelab.training.callbacks import Callback
-from plelab.training.checkpoint import atomic_write_bytes
 
 INIT_TABLE_FILE = "table_init.npy"
 """Under RUN_DIR/diagnostics/: the PLE table as it was before the first step."""

@@ -7,10 +7,7 @@ import math
 import pytest
 import torch
 
-from plelab.edge.export import ExportOptions, layout_for_config, shipped_config
-from plelab.edge.plan import items
-from plelab.model import LanguageModel, load_model_config
-from plelab.model.budget import (
+from plelab.edge.budget import (
     BUDGETS,
     EXPORT_DTYPES,
     FREE_WIDTH,
@@ -24,6 +21,9 @@ from plelab.model.budget import (
     token_reads,
     with_width,
 )
+from plelab.edge.export import ExportOptions, layout_for_config, shipped_config
+from plelab.edge.plan import items
+from plelab.model import LanguageModel, load_model_config
 from plelab.model.config import FFN_KINDS
 from plelab.model.ffn import ffn_param_count
 from plelab.model.moe import MoE

@@ -27,7 +27,7 @@ and `hf_gemma4_state_dict` the weights, `gemma4_folder_config` checks a local fo
 
 Llama: our core names (embed_tokens, q/k/v/o_proj, gate/up/down_proj, input_layernorm,
 post_attention_layernorm, norm, lm_head) are Llama's, so a dP = 0 plelab model with the same dimensions
-computes what `LlamaForCausalLM` computes (tests/model/test_llama_parity.py checks it logit for logit).
+computes what `LlamaForCausalLM` computes (tests/hf/test_llama_parity.py checks it logit for logit).
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from plelab.errors import PlelabError
-from plelab.inference import device as dev
-from plelab.inference.device import backend_for, choose_precision, cpu_bf16_features, fused_adamw, host_to_device
 from plelab.model.norm import RMSNorm
 from plelab.model.presets import load_model_config
 from plelab.model.transformer import LanguageModel
+from plelab.util import device as dev
+from plelab.util.device import backend_for, choose_precision, cpu_bf16_features, fused_adamw, host_to_device
 
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 NATIVE_BF16_CPU = bool(cpu_bf16_features())

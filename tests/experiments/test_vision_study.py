@@ -4,20 +4,23 @@ results, and `plelab report` on a tiny real vision sweep (diagnostics cached for
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from vision_helpers import serve_planted_corpus
 
-from plelab.cli.main import main
-from plelab.cli.vision import TOKENIZER_CHOICES
-from plelab.experiments.sweep import DB_FILE, load_sweep
-from plelab.experiments.sweep_runner import run_sweep
-from plelab.experiments.sweep_store import SweepStore
-from plelab.vision import study
-from plelab.vision.diagnostics import table_report, vision_verdict
-from plelab.vision.study import DIAG_FILE, analyze_vision_study, is_vision_sweep
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vision"))
+from vision_helpers import serve_planted_corpus  # noqa: E402
+
+from plelab.cli.main import main  # noqa: E402
+from plelab.cli.vision import TOKENIZER_CHOICES  # noqa: E402
+from plelab.experiments import vision_study as study  # noqa: E402
+from plelab.experiments.sweep import DB_FILE, load_sweep  # noqa: E402
+from plelab.experiments.sweep_runner import run_sweep  # noqa: E402
+from plelab.experiments.sweep_store import SweepStore  # noqa: E402
+from plelab.experiments.vision_study import DIAG_FILE, analyze_vision_study, is_vision_sweep  # noqa: E402
+from plelab.vision.diagnostics import table_report, vision_verdict  # noqa: E402
 
 STUDY = Path(__file__).resolve().parents[2] / "configs" / "sweeps" / "visual-ple-study.toml"
 

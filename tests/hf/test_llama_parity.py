@@ -10,9 +10,9 @@ import torch
 pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import LlamaForCausalLM  # noqa: E402
 
+from plelab.hf.interop import HFInteropError, hf_llama_config, llama_mapping, load_hf_llama_weights  # noqa: E402
 from plelab.model import KVCache, LanguageModel, ModelConfig  # noqa: E402
 from plelab.model.config import FFNConfig, PLEConfig  # noqa: E402
-from plelab.model.hf_interop import HFInteropError, hf_llama_config, llama_mapping, load_hf_llama_weights  # noqa: E402
 
 # Logits are O(1) (max ~4) with random N(0, 1/fan_in) weights. Against HF's SDPA attention the logits agree to
 # ~0; HF's eager attention (its own softmax) differs by ~3e-6, hence a looser bound for the eager reference.

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from plelab.errors import PlelabError
-from plelab.model.hf_interop import HFInteropError, hf_gemma4_config, hf_gemma4_state_dict
+from plelab.hf.interop import HFInteropError, hf_gemma4_config, hf_gemma4_state_dict
 from plelab.util.fs import check_output_path, fsync_dir
 
 
