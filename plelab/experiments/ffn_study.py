@@ -13,7 +13,7 @@ and `plelab report DIR --json` prints exactly what the report shows. The rules (
   Student's t with n - 1 df; with 3 seeds a mean must be 4.30 s.e. from 0). The seed is the unit: domains
   scored on the same runs are never counted as independent samples.
 - Several comparisons, one error rate: the variants' macro tests form one family and are Holm-corrected
-  (with 6 variants at 3 seeds nothing below p ~ 0.008 survives); each variant's 16 per-domain tests are
+  (with 6 variants the smallest p needs p < 0.05/6, |t| > 10.9 with 3 seeds); each variant's 16 per-domain tests are
   Holm-corrected among themselves for the domain counts.
 - "No difference" needs an equivalence test: two one-sided t tests (TOST) against a margin stated before the
   runs (the registered plan's `margin`). Without a margin a mean that is not significant is *not resolved*,
