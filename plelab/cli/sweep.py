@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
         "  plelab sweep configs/sweeps/deadzone-small.toml --status\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --set base.data=/tmp/plelab-data --set grid.seed=[1]\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --restart-changed   # after editing trained runs' values\n"
-        "  plelab sweep configs/sweeps/ffn-study-2.toml --power --pilot runs/ffn-pilot   # size it before it runs\n"
+        "  plelab sweep configs/sweeps/ffn-study.toml --power --pilot runs/ffn-pilot   # size it before it runs\n"
         "  plelab report runs/deadzone-small",
         run,
     )
