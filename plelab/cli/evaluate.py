@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("checkpoint", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--data", required=True, help="folder of <domain>.txt files, or one .txt file")
     p.add_argument("--max-tokens", type=options.positive_int, default=None, help="cap tokens per domain (default: all)")
+    p.add_argument("--sample", choices=("spread", "head", "all"), default="spread",
+                   help="with --max-tokens: windows spread evenly over each domain (default), its first documents, "
+                        "or every token")
     p.add_argument("--batch-size", type=options.positive_int, default=8, help="sequences per forward pass")
     p.add_argument("--seq-len", type=options.positive_int, help="window length (default: the model's max_seq_len)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
@@ -35,13 +38,13 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_for_inference(args.checkpoint, device)
     domains = load_eval_domains(args.data, tokenizer)
     seq_len = check_seq_len(args.seq_len or 0, model.config.max_seq_len)
-    results = evaluate_domains(model, domains, seq_len, args.batch_size, args.max_tokens)
+    results = evaluate_domains(model, domains, seq_len, args.batch_size, args.max_tokens, sample=args.sample)
     results["checkpoint"] = str(model.checkpoint_dir)
     if args.json:
         print_json(results)
         return 0
-    print(f"{'domain':<22} {'loss':>8} {'bpb':>8} {'tokens':>10}")
+    print(f"{'domain':<22} {'loss':>8} {'± s.e.':>8} {'bpb':>8} {'tokens':>10}")
     for name, r in results["domains"].items():
-        print(f"{name:<22} {r['loss']:>8.4f} {r['bpb']:>8.4f} {r['tokens']:>10,}")
+        print(f"{name:<22} {r['loss']:>8.4f} {r['loss_se']:>8.4f} {r['bpb']:>8.4f} {r['tokens']:>10,}")
     print(f"{'macro':<22} {results['macro']['loss']:>8.4f} {results['macro']['bpb']:>8.4f}")
     return 0

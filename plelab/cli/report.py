@@ -21,10 +21,13 @@ def add_parser(sub) -> None:
         "plelab report runs/deadzone-small\n"
         "  plelab report runs/ffn-study --json   (a sweep with [variants]; see docs/ffn-study.md)\n"
         "  plelab report runs/deadzone-small --out docs/deadzone-study --json\n"
-        "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)",
+        "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)\n"
+        "  plelab report docs/ffn-study/records.json --out /tmp/ffn   (recomputed from the committed records)\n"
+        "  plelab report docs/ffn-study --review   (a committed report without records, under the current rules)",
         run,
     )
-    p.add_argument("dir", help="sweep folder (holds sweep.sqlite)")
+    p.add_argument("dir", help="sweep folder (holds sweep.sqlite), or a records.json a study report wrote (the report "
+                               "is then recomputed from the per-seed records alone)")
     p.add_argument("--out", help="where report.html, report.md and plots/ go (default: DIR, whose previous report "
                                  "is replaced); existing report files elsewhere need --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace report files that already exist in --out")
@@ -35,6 +38,14 @@ def add_parser(sub) -> None:
     p.add_argument("--predict", metavar="H1,H2", type=_widths,
                    help="with --law: fit on the other widths and freeze the prediction for these in "
                         "DIR/prediction.json (written once, never overwritten)")
+    p.add_argument("--review", action="store_true",
+                   help="DIR is a committed study report (law.json, or an FFN / visual-PLE report.md) whose sweep "
+                        "folder is gone: recompute what its committed numbers allow under the current rules "
+                        "(post hoc); the law's report is regenerated into DIR/review/, the others' review into "
+                        "DIR/review.md, review.html, review.json")
+    p.add_argument("--plan", metavar="FILE",
+                   help="evaluate this analysis plan instead of the registered one; its verdicts are labelled post "
+                        "hoc unless it is the plan the sweep registered before its first run")
     p.add_argument("--measure-decode", action="store_true",
                    help="variant sweeps: export each variant's first seed, time greedy decoding and count bytes read "
                         "per token; writes DIR/decode.json (later reports reuse it). Run it on an idle machine: "
@@ -57,6 +68,21 @@ def _widths(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Analyse, plot, write."""
+    if args.review:
+        from plelab.experiments.review_report import run_review
+
+        for path in run_review(args.dir, args.out, overwrite=args.overwrite):
+            print(path)
+        return 0
+    if Path(args.dir).is_file():
+        from plelab.experiments.records import report_from_records
+
+        analysis, paths = report_from_records(args.dir, args.out, overwrite=args.overwrite)
+        if args.json:
+            print_json(analysis)
+        else:
+            print("\n".join(str(p) for p in paths))
+        return 0
     if args.law or args.predict:
         from plelab.experiments.law_report import run_law_report
 
@@ -68,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
         if args.measure_decode:
             raise PlelabError(f"--measure-decode works on the FFN study's sweeps; {args.dir} is a visual PLE study")
-        return run_vision_report(args.dir, args.out, overwrite=args.overwrite, as_json=args.json)
+        return run_vision_report(args.dir, args.out, overwrite=args.overwrite, as_json=args.json, plan=args.plan)
     from plelab.experiments.ffn_study import is_variant_sweep
 
     if is_variant_sweep(args.dir):
@@ -76,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_ffn_report(args.dir, args.out, measure_decode=args.measure_decode,
                               decode_tokens=args.decode_tokens, decode_runtime=args.decode_runtime,
-                              overwrite=args.overwrite, as_json=args.json)
+                              overwrite=args.overwrite, as_json=args.json, plan=args.plan)
     if args.measure_decode:
         raise PlelabError("--measure-decode works on a sweep with [variants] (the FFN study); "
                           f"{args.dir} has none")
@@ -84,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from plelab.experiments.report import write_report
     from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE
 
-    analysis = analyze_sweep(args.dir)
+    analysis = analyze_sweep(args.dir, plan=args.plan)
     out = Path(args.out or args.dir)
     own = out.resolve() == Path(args.dir).resolve()  # the sweep folder's report is regenerated in place
     inputs = (Path(args.dir) / DB_FILE, Path(args.dir) / RESOLVED_FILE)

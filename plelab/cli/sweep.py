@@ -20,6 +20,7 @@ def add_parser(sub) -> None:
         "  plelab sweep configs/sweeps/deadzone-small.toml --status\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --set base.data=/tmp/plelab-data --set grid.seed=[1]\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --restart-changed   # after editing trained runs' values\n"
+        "  plelab sweep configs/sweeps/ffn-study.toml --power --pilot runs/ffn-pilot   # size it before it runs\n"
         "  plelab report runs/deadzone-small",
         run,
     )
@@ -32,6 +33,13 @@ def add_parser(sub) -> None:
                    help="retrain from scratch the runs whose config the sweep file changed since they were trained "
                         "(their old folders move to SWEEP_DIR/superseded/); without it such a sweep is refused")
     p.add_argument("--quiet", action="store_true", help="only one line per run (progress goes to RUN_DIR/train.log)")
+    p.add_argument("--power", action="store_true",
+                   help="train nothing: from a pilot's seed spread, the smallest effect each comparison of the sweep's "
+                        "analysis plan can resolve with the grid's seeds, and the seeds its effect of interest and "
+                        "equivalence margin need")
+    p.add_argument("--pilot", metavar="DIR",
+                   help="with --power: the pilot sweep folder whose paired seed spread is used (default: this sweep's "
+                        "own finished runs)")
     p.add_argument("--run", help=argparse.SUPPRESS)  # internal: one point, in a subprocess started by the sweep
     add_set_flag(p)
 
@@ -57,6 +65,44 @@ def print_status(status: dict) -> None:
           f"database {status['database']}")
     if status["not_in_grid"]:
         print(f"in the database but no longer in the grid: {', '.join(status['not_in_grid'])}")
+    plan = status.get("plan")
+    print("analysis plan: none registered (every verdict a report prints will be post hoc)" if plan is None else
+          f"analysis plan: {plan['source']} (sha256 {plan['sha256'][:12]}), {plan['status']}")
+
+
+def _power(sweep, args: argparse.Namespace) -> int:
+    """`--power`: the plan's comparisons sized from the pilot's seed spread; printed, nothing trained."""
+    from pathlib import Path
+
+    from plelab.errors import PlelabError
+    from plelab.experiments.plan import load_plan, plan_power
+    from plelab.experiments.sweep import DB_FILE
+    from plelab.experiments.sweep_store import SweepStore
+
+    if not sweep.options.plan:
+        raise PlelabError("--power needs the sweep's analysis plan ([sweep] plan = \"FILE\"): it names the "
+                          "comparisons, the effect of interest and the margins")
+    pilot = Path(args.pilot) if args.pilot else sweep.folder
+    if not (pilot / DB_FILE).is_file():
+        raise PlelabError(f"{pilot} has no {DB_FILE}: run a pilot first (a few seeds of the sweep) and give its "
+                          "folder with --pilot")
+    seeds = len({p.config.seed for p in sweep.points})
+    with SweepStore(pilot / DB_FILE) as store:
+        power = plan_power(load_plan(sweep.options.plan), store.runs(), store.evals(), seeds)
+    if args.json:
+        print_json(power)
+        return 0
+    rows = []
+    for r in power["comparisons"]:
+        p = r["power"] or {}
+        rows.append([r["name"], r["metric"], str(r["pilot_n"]), _fmt(p.get("sd")), str(seeds), _fmt(p.get("mde")),
+                     _fmt(p.get("power_at_n"), ".2f"), str(p.get("seeds_for_effect") or "-"),
+                     str(p.get("seeds_for_equivalence") or "-")])
+    print(text_table(["comparison", "metric", "pilot seeds", "pilot sd", "seeds", "detectable |Δ|",
+                      f"power at {_fmt(power['effect_of_interest'])}", "seeds for it", "seeds for equivalence"],
+                     rows))
+    print(f"\ntwo-sided t test at {power['alpha']:g}, power target {power['target']:g}; pilot {pilot}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         sweep.options.parallel = args.parallel
     if args.run:
         return 0 if run_one(sweep, args.run) == "done" else 1
+    if args.power:
+        return _power(sweep, args)
     if args.status:
         status = sweep_status(sweep)
         print_json(status) if args.json else print_status(status)

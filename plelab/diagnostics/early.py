@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plelab.diagnostics.verdict import ALIVE_DELTA
+from plelab.stats import accuracy_vs_base_rate, majority, spearman
 
 FRACTIONS = (0.05, 0.1, 0.15, 0.2)
 """Where in training (fraction of the run's total steps) the candidates are read."""
@@ -169,12 +170,20 @@ def choose_rule(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRA
                 best = (key, {"signal": name, "fraction": f, "threshold": threshold, "fit_correct": correct,
                               "fit_n": len(pairs), "fit_accuracy": correct / len(pairs),
                               "description": SIGNALS[name][0]})
-    return None if best is None else best[1]
+    if best is None:
+        return None
+    # The base-rate rule a held-out accuracy is compared with: always say what the fit runs mostly ended as.
+    return {**best[1], "majority": majority([_label(r.get("verdict")) for r in runs if _label(r.get("verdict"))])}
 
 
 def evaluate_rule(rule: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """How often the rule gets the final verdict (alive vs not) right on these runs; missing signals count apart."""
-    correct, n, missing = 0, 0, 0
+    """How often the rule gets the final verdict (alive vs not) right on these runs; missing signals count apart.
+
+    `base_rate` puts the accuracy beside the base-rate rule's on the same runs: always predicting the class the
+    fit runs mostly ended as (rule['one_class'] / rule['majority']). A rule that does not beat it predicts nothing.
+    """
+    missing = 0
+    guesses, truths = [], []
     confusion: dict[str, int] = {}
     for r in runs:
         truth = _label(r.get("verdict"))
@@ -184,12 +193,14 @@ def evaluate_rule(rule: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[
         if guess is None:
             missing += 1
             continue
-        n += 1
-        correct += guess == truth
+        guesses.append(guess)
+        truths.append(truth)
         key = f"predicted {guess}, final {truth}"
         confusion[key] = confusion.get(key, 0) + 1
+    correct, n = sum(g == t for g, t in zip(guesses, truths, strict=True)), len(truths)
+    base = rule.get("one_class") or rule.get("majority")
     return {"correct": correct, "n": n, "accuracy": correct / n if n else None, "missing": missing,
-            "confusion": confusion}
+            "confusion": confusion, "base_rate": accuracy_vs_base_rate(guesses, truths, base) if n else None}
 
 
 def describe_rule(rule: dict[str, Any]) -> str:
@@ -239,30 +250,8 @@ def format_prediction(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Spearman's rank correlation; None with fewer than 3 pairs or a constant side."""
-    if len(xs) < 3:
-        return None
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
+TRIVIAL_RANKER = "dP/H (trivial ranker)"
+"""tracks_gain's baseline row: the runs ranked by their design ratio alone."""
 
 
 def tracks_gain(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRACTIONS) -> dict[str, dict[float, Any]]:
@@ -270,8 +259,14 @@ def tracks_gain(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRA
 
     runs: {'signals': run_signals(...), 'gain': final loss gain of the run over its own dP = 0 run (positive =
     better)}. A verdict can only say alive or not; when every run ends alive this is what is left to predict.
+    With 'ple_dim' and 'H' on the runs, TRIVIAL_RANKER (dP/H, known before training) gets a row too: a signal is
+    only worth reading early if it ranks the gain better than the design does.
     """
     out: dict[str, dict[float, Any]] = {}
+    scored = [r for r in runs if isinstance(r.get("gain"), float) and r.get("ple_dim") and r.get("H")]
+    if scored:
+        rho = spearman([r["ple_dim"] / r["H"] for r in scored], [r["gain"] for r in scored])
+        out[TRIVIAL_RANKER] = {f: {"rho": rho, "n": len(scored)} for f in fractions}
     for name in SIGNALS:
         out[name] = {}
         for f in fractions:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE
@@ -33,7 +34,8 @@ STEP_RULES = [
     "loss = final evaluation loss (nats/token), macro-averaged over the evaluation domains; each dP's value is "
     "the mean over seeds, and s its seed-to-seed sample standard deviation",
     "noise of a step a -> b = the standard error of the difference of the two means, sqrt(s_a^2/n_a + s_b^2/n_b)",
-    f"dead zone: |delta| <= {NOISE_SIGMAS:g} x noise (the change is within noise)",
+    f"dead zone: |delta| <= {NOISE_SIGMAS:g} x noise (the change is within noise: not resolved from zero, which is "
+    "not evidence of no change; the paired tables and the dose-response below are the seed-level tests)",
     f"worse: delta > {NOISE_SIGMAS:g} x noise (the loss rises beyond noise)",
     "gain per doubling = -delta / log2(b / a); the step from dP = 0 counts as one doubling",
     f"transition: among the significant improvements (delta < -{NOISE_SIGMAS:g} x noise), the one with the largest "
@@ -43,29 +45,6 @@ STEP_RULES = [
     "improvement: a significant improvement at a smaller dP than the transition",
     "n/a: fewer than two seeds on a side, so no noise estimate",
 ]
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof = 1; NaN with fewer than two values)."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-
-
-# Student's t quantile t_{0.975, df} for df = 1..30; above 30 the normal 1.96 is within 2 %.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_critical(n: int) -> float:
-    """t_{0.975, n-1}: the two-sided 5 % threshold in s.e. for a mean of n paired differences (NaN for n < 2)."""
-    if n < 2:
-        return math.nan
-    return _T975[n - 2] if n - 1 <= len(_T975) else 1.96
 
 
 def se_diff(std_a: float, n_a: int, std_b: float, n_b: int) -> float:
@@ -87,7 +66,7 @@ def seed_table(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for dim in sorted(by_dim):
         runs = by_dim[dim]
-        mean, std = mean_std([r["loss"] for r in runs])
+        mean, std = stats.mean_std([r["loss"] for r in runs])
         added, base = runs[0].get("params_added") or 0, runs[0].get("params_base") or 0
         rows.append({"ple_dim": dim, "params_added": added, "params_base": base,
                      "pct_of_base": 100.0 * added / base if base else math.nan,
@@ -107,6 +86,8 @@ def paired_table(points: Iterable[dict[str, Any]], key: str = "loss") -> list[di
     Pairing removes what the seeds share (trunk init, data order), so the s.e. is that of the per-seed deltas,
     std/sqrt(n); seeds without a dP = 0 run (or without the value) are left out and counted in `unpaired`.
     A gain is significant by a two-sided 5 % paired t-test (PAIRED_RULE): with 3 seeds that is 4.30 s.e., not 2.
+    Every row shares its seeds' dP = 0 runs, so the rows are not independent tests: `dose_response` is the
+    seed-level test of the whole curve.
     """
     by_dim: dict[int, dict[Any, float]] = {}
     for p in points:
@@ -116,19 +97,24 @@ def paired_table(points: Iterable[dict[str, Any]], key: str = "loss") -> list[di
     base = by_dim.get(0, {})
     rows = []
     for dim in sorted(d for d in by_dim if d > 0):
-        deltas = {s: v - base[s] for s, v in by_dim[dim].items() if s in base}
-        mean, std = mean_std(list(deltas.values()))
-        se = std / math.sqrt(len(deltas)) if len(deltas) > 1 else math.nan
-        rows.append({"ple_dim": dim, "n": len(deltas), "seeds": sorted(deltas), "deltas": [deltas[s] for s in
-                     sorted(deltas)], "delta_mean": mean, "delta_se": se,
-                     "unpaired": len(by_dim[dim]) - len(deltas), "t": t_critical(len(deltas)),
-                     "gain_significant": _gain(mean, se, len(deltas))})
+        d = stats.paired(base, by_dim[dim])
+        verdict = stats.compare(d["mean"], d["se"], d["n"])
+        rows.append({"ple_dim": dim, "n": d["n"], "seeds": d["seeds"], "deltas": [d["per_seed"][s] for s in d["seeds"]],
+                     "delta_mean": d["mean"], "delta_se": d["se"], "unpaired": len(by_dim[dim]) - d["n"],
+                     "t": stats.t_critical(d["n"]), "p": verdict["p"], "ci95": verdict["ci95"],
+                     "gain_significant": None if verdict["p"] is None else verdict["outcome"] == "better"})
     return rows
 
 
-def _gain(delta: float, se: float, n: int) -> bool | None:
-    """Is a mean of n paired deltas a significant gain (delta < -t_{0.975, n-1} s.e.)? None without a s.e."""
-    return None if not math.isfinite(se) else delta < -t_critical(n) * se
+def dose_response(points: Iterable[dict[str, Any]], key: str = "loss") -> dict[str, Any]:
+    """Per-seed slope of the paired delta (dP vs the seed's dP = 0 run) on log2 dP, tested across seeds.
+
+    The seed-level test of "the loss falls as dP grows": every dP of a seed is used once, against one shared
+    reference run, so one unusual dP = 0 run shifts that seed's deltas without changing its slope.
+    """
+    rows = paired_table(points, key)
+    deltas = {r["ple_dim"]: dict(zip(r["seeds"], r["deltas"], strict=True)) for r in rows}
+    return stats.dose_response(deltas)
 
 
 def _significant(delta: float, noise: float) -> bool | None:
@@ -202,10 +188,10 @@ def domain_table(points: Sequence[dict[str, Any]], evals: dict[str, dict[str, di
     domains = sorted({d for p in points for d in evals.get(p["name"], {})})
     rows = []
     for dom in domains:
-        stats = [mean_std([evals[p["name"]][dom]["loss"] for p in points
-                           if int(p["ple_dim"]) == dim and dom in evals.get(p["name"], {})]) for dim in dims]
-        means = [m for m, _ in stats]
-        rows.append({"domain": dom, "mean": means, "std": [s for _, s in stats],
+        cells = [stats.mean_std([evals[p["name"]][dom]["loss"] for p in points
+                                 if int(p["ple_dim"]) == dim and dom in evals.get(p["name"], {})]) for dim in dims]
+        means = [m for m, _ in cells]
+        rows.append({"domain": dom, "mean": means, "std": [s for _, s in cells],
                      "delta": [m - means[0] for m in means]})
     improved = [sum(1 for r in rows if r["delta"][i] < 0) for i in range(len(dims))]
     return {"dims": dims, "domains": domains, "rows": rows, "improved_domains": improved}
@@ -242,7 +228,7 @@ def verdict_table(points: Sequence[dict[str, Any]], table: Sequence[dict[str, An
 
 def _mean_std_dict(values: Iterable[Any]) -> dict[str, float]:
     nums = _nums(values)
-    mean, std = mean_std(nums)
+    mean, std = stats.mean_std(nums)
     return {"mean": mean, "std": std, "n": len(nums)}
 
 
@@ -270,6 +256,20 @@ def _point(run: dict[str, Any], folder: Path) -> dict[str, Any]:
             "diagnostics": summary.get("diagnostics") or {}}
 
 
+def sample_note(evals: dict[str, dict[str, dict[str, Any]]]) -> str | None:
+    """A note when the runs compared were evaluated on different samples of tokens (None when they agree).
+
+    evals: {run: {domain: {..., "sample"}}}. A missing sample is a run recorded before samples were (a text
+    domain then read its first eval_tokens tokens); paired deltas between samples compare different text.
+    """
+    seen = Counter((d.get("sample") or "unrecorded (head)") for run in evals.values() for d in run.values())
+    if len(seen) < 2:
+        return None
+    return ("the runs were evaluated on different samples of tokens (" + ", ".join(f"{k}: {n} domain results"
+            for k, n in sorted(seen.items())) + "): their losses read different text and are not comparable; "
+            "extend a study only from the commit it was run from")
+
+
 def with_eval_losses(point: dict[str, Any], domains: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The point plus 'heldout' (the held-out split's loss, None when not evaluated) and 'domains_macro'.
 
@@ -292,11 +292,15 @@ def analyze_group(points: list[dict[str, Any]], evals: dict[str, dict[str, dict[
     return {"runs": points, "table": table, "reference_dim": table[0]["ple_dim"] if table else None,
             "steps": steps, "conclusion": conclusion(steps, table),
             "domains": domain_table(points, evals) if points else {}, "verdicts": verdict_table(points, table),
-            "paired": {key: paired_table(points, key) for key in ("loss", "heldout")}}
+            "paired": {key: paired_table(points, key) for key in ("loss", "heldout")},
+            "dose_response": {key: dose_response(points, key) for key in ("loss", "heldout")}}
 
 
-def analyze_sweep(folder: str | Path) -> dict[str, Any]:
-    """The whole analysis of a sweep folder, JSON-ready (NaN -> None)."""
+def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[str, Any]:
+    """The whole analysis of a sweep folder, JSON-ready (NaN -> None), with the registered plan's verdicts (or
+    those of `plan`, a plan file given at report time: post hoc)."""
+    from plelab.experiments.plan import folder_plan
+
     folder = Path(folder)
     if not (folder / DB_FILE).is_file():
         raise PlelabError(f"{folder} has no {DB_FILE}; run `plelab sweep SWEEP_FILE` first (or give its folder)")
@@ -306,12 +310,14 @@ def analyze_sweep(folder: str | Path) -> dict[str, Any]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for p in done:
         groups.setdefault(group_key(p["values"]), []).append(p)
+    note = sample_note({p["name"]: evals.get(p["name"], {}) for p in done})
     return _jsonable({
         "sweep": meta.get("name", folder.name), "folder": str(folder), "grid": meta.get("grid", {}),
+        "notes": [note] if note else [],
         "counts": dict(Counter(r["status"] for r in runs)), "total_runs": len(runs),
         "rules": STEP_RULES, "noise_sigmas": NOISE_SIGMAS,
         "groups": [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()],
-        "config": (runs[0]["config"] if runs else {}),
+        "config": (runs[0]["config"] if runs else {}), "plan": folder_plan(folder, plan),
     })
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 from plelab.errors import PlelabError
 from plelab.experiments.ffn_study import (
-    CLOSED_TOL,
     DECODE_FILE,
     EXPORT_DTYPE,
     PUBLISHED_DOMAINS,
     PUBLISHED_TIMELINE,
+    analysis_from_records,
     load_study,
-    study_analysis,
+    study_records,
 )
 from plelab.experiments.report import Block, fmt, write_pages
 from plelab.util.fs import atomic_write_bytes
@@ -48,34 +48,56 @@ def _others(a: dict[str, Any]) -> list[str]:
     return [v for v in a["variants"] if v != a["baseline"]]
 
 
+def _ci(ci: Any, spec: str = "+.3f") -> str:
+    return "-" if not ci else f"[{fmt(ci[0], spec)}, {fmt(ci[1], spec)}]"
+
+
+def _tested(r: dict[str, Any], key: str) -> str:
+    """'+0.0124 ± 0.0069 [−0.017, +0.042], p 0.21 (Holm 0.9): not resolved' for the macro or the held-out split."""
+    if r.get(f"{key}_delta") is None:
+        return "-"
+    return (f"{_delta(r[f'{key}_delta'], r[f'{key}_delta_se'])} {_ci(r.get(f'{key}_ci95'))}, "
+            f"p {fmt(r.get(f'{key}_p'), '.2g')} (Holm {fmt(r.get(f'{key}_p_holm'), '.2g')}): "
+            f"{r.get(f'{key}_outcome') or '-'}")
+
+
 def summary_blocks(a: dict[str, Any]) -> list[Block]:
-    """One row per variant: cost (params, active params, bytes), macro Δ, domains worse, verdict, decode cost."""
+    """One row per variant: cost (params, active params, bytes), macro Δ and held-out Δ with their tests, domain
+    counts, verdict, decode cost."""
     decode = any("tokens_per_s" in r for r in a["variants"].values())
     n_dom = max((r["domains_total"] for r in a["variants"].values()), default=0)
     headers = ["variant", "seeds paired", "params", "active params / token", f"inference bytes ({a['export_dtype']})",
-               "macro Δ loss (nats) ± s.e.", "macro Δ bpb ± s.e.", f"Δ {a['heldout_domain']} (held-out)",
-               f"domains Δ > 0 / worse ▲ / better ▼ (of {n_dom})", "sign test p", "verdict", "illusory convergence"]
+               "macro Δ loss ± s.e. [95 % CI], p (Holm): outcome", "macro Δ bpb ± s.e.",
+               f"Δ {a['heldout_domain']} (held-out) ± s.e. [95 % CI], p (Holm): outcome",
+               f"domains Δ > 0 (descriptive) / worse ▲ / better ▼ (Holm; of {n_dom})", "verdict",
+               "gap first open at", "illusory convergence"]
     headers += ["decode tokens/s", "bytes read / token"] if decode else []
     rows = []
     for name, r in a["variants"].items():
         base = name == a["baseline"]
         untested = base or r["verdict"] == "n/a"
-        ill = r.get("illusory_convergence")
+        ill, first = r.get("illusory_convergence"), r.get("first_open")
         row = [f"{name} (baseline)" if base else name, str(r["n_pairs"]), _int(r["params"]),
                _int(r["active_params_per_token"]), _int(r["inference_bytes"]),
-               "0" if base else _delta(r["macro_delta"], r["macro_delta_se"]),
+               "0" if base else _tested(r, "macro"),
                "0" if base else _delta(r["macro_delta_bpb"], r["macro_delta_bpb_se"]),
-               "0" if base else _delta(r["heldout_delta"], r["heldout_delta_se"]),
+               "0" if base else _tested(r, "heldout"),
                "-" if untested else f"{r['domains_positive']} / {r['domains_worse']} / {r['domains_better']}",
-               "-" if untested else fmt(r["sign_test_p"], ".2g"), r["verdict"],
+               r["verdict"],
+               "-" if base or ill is None else ("never" if not first else
+                                                f"{_tokens(first['tokens'])} ({fmt(first['gap'], '+.4f')})"),
                "-" if base or ill is None else "yes" if ill else "no"]
         if decode:
             row += [fmt(r.get("tokens_per_s"), ".1f"), _int(r.get("bytes_per_token"))]
         rows.append(row)
+    margin = a.get("margin")
     return [("h", 2, "Variants"),
             ("p", f"Δ = variant − baseline `{a['baseline']}` of the same seed, mean ± s.e. over paired seeds "
-                  "(positive = worse). Inference bytes: weights read per decoded token at the export precision "
-                  "(MGLU masks at 1 bit per element, MoE only the routed experts)."
+                  "(positive = worse); p: two-sided paired t test over the seeds, Holm-corrected over the variants; "
+                  "outcome: worse / better (significant), equivalent (TOST inside the margin "
+                  + (f"±{margin:g} nats" if margin is not None else "- none was registered, so never") + "), "
+                  "not resolved (neither). Inference bytes: weights read per decoded token at the export "
+                  "precision (MGLU masks at 1 bit per element, MoE only the routed experts)."
              + (" Decode: measured on the variant's first seed (`plelab report DIR --measure-decode`, "
                 f"{DECODE_FILE}); timings are only comparable from one idle machine." if decode else "")),
             ("table", headers, rows)]
@@ -138,6 +160,13 @@ def published_blocks(a: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def _gap_cell(p: dict[str, Any]) -> str:
+    if p.get("gap") is None:
+        return "-"
+    status = {"open": " open", "closed": " closed"}.get(p.get("status") or "", "")
+    return _delta(p["gap"], p.get("se")) + status
+
+
 def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     """The gap timeline as a table (token counts × variants), the illusory-convergence findings and the plots."""
     others = [v for v in _others(a) if a["timeline"].get(v)]
@@ -145,8 +174,7 @@ def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]
         return [("h", 2, "Gap timeline"), ("p", "No timeline evaluations in this sweep yet.")]
     tokens = sorted({p["tokens"] for v in others for p in a["timeline"][v]})
     at = {v: {p["tokens"]: p for p in a["timeline"][v]} for v in others}
-    rows = [[_tokens(t)] + [_delta((at[v].get(t) or {}).get("gap"), (at[v].get(t) or {}).get("se")) for v in others]
-            for t in tokens]
+    rows = [[_tokens(t)] + [_gap_cell(at[v].get(t) or {}) for v in others] for t in tokens]
     found = []
     for v in others:
         ill = a["variants"][v].get("illusory_at")
@@ -160,9 +188,10 @@ def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]
             found.append(f"`{v}`: no illusory convergence")
     blocks: list[Block] = [
         ("h", 2, "Gap timeline"),
-        ("p", f"Paired macro gap vs `{a['baseline']}` at each evaluated token count (mean ± s.e. over seeds; nats). "
-              f"Open = significant and |gap| > {CLOSED_TOL:g}; closed = not significant or |gap| <= {CLOSED_TOL:g} "
-              "(rule: illusory_convergence above)."),
+        ("p", f"Paired macro gap vs `{a['baseline']}` at each evaluated token count (mean ± s.e. over seeds; nats), "
+              "and its status: open = significant (unadjusted, per point) and not inside the margin, closed = inside "
+              "the margin by TOST (needs a registered margin), otherwise not resolved (rule: illusory_convergence "
+              "above)."),
         ("table", ["tokens"] + others, rows), ("list", found)]
     captions = {"ffn_gap": "Gap to the baseline vs tokens (mean ± s.e. band over seeds; x: log)",
                 "ffn_loss": "Macro loss over the evaluation domains vs tokens (mean ± s.e. band; x: log)"}
@@ -179,6 +208,10 @@ def ffn_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
               f"`{a['baseline']}`. Loss = evaluation loss in nats/token on each domain; the macro is the mean over "
               f"the evaluation domains (not the held-out split `{a['heldout_domain']}`)."),
     ]
+    from plelab.experiments.plan_report import plan_blocks, power_blocks
+
+    plan = a.get("plan") or {}
+    blocks += plan_blocks(plan) + (power_blocks(plan["power"]) if plan.get("power") else [])
     return (blocks + summary_blocks(a) + rule_blocks(a) + domain_blocks(a) + domain_blocks(a, "_bpb")
             + timeline_blocks(a, figures) + published_blocks(a))
 
@@ -232,11 +265,12 @@ def ffn_figures(a: dict[str, Any]) -> dict[str, bytes]:
 
 
 def write_ffn_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
-                     inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/report.md, OUT/report.html and the timeline PNGs under OUT/plots/; return the paths."""
+                     inputs: Sequence[str | Path] = (), records: dict[str, Any] | None = None) -> list[Path]:
+    """Write OUT/report.md, OUT/report.html, the timeline PNGs under OUT/plots/ and, given the study's records,
+    OUT/records.json (the per-seed data the report rests on); return the paths."""
     figures = ffn_figures(analysis)
     return write_pages(ffn_blocks(analysis, figures), f"plelab FFN study: {analysis.get('sweep', '')}", out_dir,
-                       figures, overwrite=overwrite, inputs=inputs)
+                       figures, overwrite=overwrite, inputs=inputs, records=records)
 
 
 def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "numpy") -> dict[str, dict[str, Any]]:
@@ -270,7 +304,7 @@ def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "num
 
 def run_ffn_report(folder: str | Path, out: str | Path | None, *, measure_decode: bool = False,
                    decode_tokens: int = 64, decode_runtime: str = "numpy", overwrite: bool = False,
-                   as_json: bool = False) -> int:
+                   as_json: bool = False, plan: str | Path | None = None) -> int:
     """`plelab report DIR` on a sweep with [variants]: (measure decode,) analyse, write, print."""
     from plelab.cli.common import print_json
     from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE
@@ -280,11 +314,12 @@ def run_ffn_report(folder: str | Path, out: str | Path | None, *, measure_decode
         print("measuring decode speed: the timings mean something only on an otherwise idle machine",
               file=sys.stderr)
         measure_all_decode(folder, decode_tokens, decode_runtime)
-    analysis = study_analysis(folder)
+    records = study_records(folder, plan=plan)
+    analysis = analysis_from_records(records)
     out_dir = Path(out or folder)
     own = out_dir.resolve() == folder.resolve()  # the sweep folder's report is regenerated in place
     inputs = (folder / DB_FILE, folder / RESOLVED_FILE, folder / DECODE_FILE)
-    paths = write_ffn_report(analysis, out_dir, overwrite=own or overwrite, inputs=inputs)
+    paths = write_ffn_report(analysis, out_dir, overwrite=own or overwrite, inputs=inputs, records=records)
     if as_json:
         print_json(analysis)
         return 0

@@ -9,27 +9,29 @@ and `plelab report DIR --json` prints exactly what the report shows. The rules (
   left out and named in the notes.
 - Macro: per seed, the mean over the evaluation domains (the 16 of ../shared/data/valid; the prepared data's
   held-out split `val` is shown as a row but is never part of the macro or the domain counts), then paired.
-- Significance (one test everywhere): a paired mean m with s.e. e over n seeds is significantly worse when
-  m > t·e and significantly better when m < -t·e, with t = t_{0.975, n-1} (Student's t, two-sided 5 %: 4.30
-  for n = 3, 3.18 for n = 4, 2.78 for n = 5). With 3 seeds a "2 s.e." rule would be a ~18 % test per
-  domain, so the t quantile is the defensible threshold; fewer than 2 paired seeds give no s.e. and no verdict.
-- Domains worse / better: the number of domains whose paired Δ is significantly worse / better (per domain, 5 %).
-- Sign test: k of the m domains with a non-zero mean Δ have Δ > 0; p = two-sided binomial(m, 1/2). p < 0.01
-  needs k >= 14 of 16. Domains share one model, so it measures consistency of direction, and the macro test
-  carries the significance.
-- Verdict, first that applies: *n/a* (fewer than 2 paired seeds); *uniform degradation*: sign test p < 0.01
-  with Δ > 0 on the majority, macro significantly worse and no domain significantly better; *uniform gain*:
-  the mirror; *trade-off*: at least one domain significantly worse and at least one significantly better
-  (16 per-domain 5 % tests: under no effect this fires now and then, so read it with the per-domain table);
-  *degradation (not uniform)* / *gain (not uniform)*: the macro is significantly worse / better but the
-  domains do not agree enough for "uniform"; *no difference*: otherwise.
+- Significance (one test everywhere): the two-sided paired t test over the n seeds at alpha = 5 % (p from
+  Student's t with n - 1 df; with 3 seeds a mean must be 4.30 s.e. from 0). The seed is the unit: domains
+  scored on the same runs are never counted as independent samples.
+- Several comparisons, one error rate: the variants' macro tests form one family and are Holm-corrected
+  (with 6 variants the smallest p needs p < 0.05/6, |t| > 10.9 with 3 seeds); each variant's 16 per-domain tests are
+  Holm-corrected among themselves for the domain counts.
+- "No difference" needs an equivalence test: two one-sided t tests (TOST) against a margin stated before the
+  runs (the registered plan's `margin`). Without a margin a mean that is not significant is *not resolved*,
+  printed with its 95 % interval, never "no difference".
+- Domains worse / better: the number of domains whose paired Δ is significantly worse / better (Holm over
+  the domains). Domains with Δ > 0: a count that describes consistency of direction; it is not a test (the
+  domains share each run: one bad run moves all 16 the same way).
+- Verdict, first that applies: *n/a* (fewer than 2 paired seeds); *uniform degradation*: macro significantly
+  worse (Holm over the variants), no domain significantly better, Δ > 0 on at least 7/8 of the domains;
+  *uniform gain*: the mirror; *trade-off*: at least one domain significantly worse and one significantly
+  better; *degradation (not uniform)* / *gain (not uniform)*: the macro is significant, the domains do not
+  agree enough; *equivalent*: the macro passes TOST within the margin; *not resolved*: otherwise.
 - Gap timeline: at every token count both runs of a seed evaluated, gap_s = macro_variant_s - macro_baseline_s,
-  mean ± s.e. over seeds. A gap is *open* at a point when it is significantly non-zero (the test above) and
-  |gap| > CLOSED_TOL nats, *closed* when it is not significant or |gap| <= CLOSED_TOL. *Illusory convergence*:
-  the gap is open at some point, closed at a later point i, and open again towards worse at a point j after i,
-  with the per-seed rise gap_s(j) - gap_s(i) itself significantly > 0: a reader stopping at i would have
-  called the variants equal. A gap that was never open before it widens (both models still near their initial
-  loss at the first points) is a gap opening, not a convergence, and is not flagged.
+  mean ± s.e. over seeds. *Open* at a point: significantly non-zero and not inside the margin; *closed*: inside
+  the margin by TOST (needs a margin); *not resolved*: neither. *Illusory convergence*: the gap is open at
+  some point, closed at a later point i, and open again towards worse at a point j after i, with the per-seed
+  rise gap_s(j) - gap_s(i) itself significantly > 0. Without a margin no gap is ever called closed, so
+  nothing can be flagged: the timeline then only says where the gap was open.
 """
 
 from __future__ import annotations
@@ -40,44 +42,47 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
-from plelab.experiments.analysis import SEED_KEY, mean_std, t_critical
+from plelab.experiments.analysis import SEED_KEY, sample_note
 from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE, VARIANT_KEY
 from plelab.experiments.sweep_store import SweepStore
 
-SIGN_TEST_P = 0.01
-"""Two-sided sign-test level for a *uniform* verdict (16 domains: at least 14 of them on one side)."""
-CLOSED_TOL = 0.005
-"""nats/token: a timeline gap this small counts as closed whatever its s.e. (and a reopening must exceed it)."""
+UNIFORM_SHARE = 7 / 8
+"""A *uniform* verdict needs Δ on the same side on at least this share of the domains (14 of 16): descriptive."""
 EXPORT_DTYPE = "fp16"
 """Export precision the study's inference bytes are counted at."""
 DECODE_FILE = "decode.json"
 """In the sweep folder: {variant: measure_decode(...) result} for the variant's first seed."""
 
 VERDICTS = ("uniform degradation", "uniform gain", "trade-off", "degradation (not uniform)", "gain (not uniform)",
-            "no difference", "n/a")
+            "equivalent", "not resolved", "n/a")
 
 RULES = {
     "pairing": "each variant run is compared with the baseline run of the same seed; Δ = variant − baseline "
-               "(positive = worse), mean over paired seeds ± s.e. = sd/√n",
+               "(positive = worse), mean over paired seeds ± s.e. = sd/√n; the seed is the unit of every test",
     "macro": f"per seed, the mean over the evaluation domains (the held-out split '{HELDOUT_DOMAIN}' is a row but "
              "not in the macro or the counts), then paired across seeds",
-    "significance": "significantly worse: mean > t·s.e., better: mean < −t·s.e., with t = t(0.975, n−1) "
-                    "(two-sided 5 % paired t-test; t = 4.30 for 3 seeds); fewer than 2 paired seeds: no test",
-    "domains_worse": "number of domains whose paired Δ is significantly worse (per domain, the test above)",
-    "sign_test": f"k of m domains with non-zero mean Δ have Δ > 0; two-sided binomial p(m, 1/2); a uniform verdict "
-                 f"needs p < {SIGN_TEST_P:g} (14 of 16)",
-    "verdict": "first that applies: n/a (< 2 paired seeds); uniform degradation (sign test p < 0.01 towards "
-               "worse, macro significantly worse, no domain significantly better); uniform gain (the mirror); "
-               "trade-off (>= 1 domain significantly worse and >= 1 significantly better); degradation / gain "
-               "(not uniform) (macro significant, domains not uniform); no difference (otherwise)",
-    "illusory_convergence": f"open = significantly non-zero and |gap| > {CLOSED_TOL:g} nats; closed = not "
-                            f"significant or |gap| <= {CLOSED_TOL:g}; flagged when the gap is open at some point, "
-                            "closed at a later one, and open again (worse) after that, with the per-seed rise from "
-                            "the closed point itself significantly > 0 (a gap that was never open before it "
-                            "widens is not a convergence)",
+    "significance": "two-sided paired t test over the seeds at 5 % (t = 4.30 s.e. for 3 seeds); fewer than 2 "
+                    "paired seeds: no test",
+    "multiplicity": "the variants' macro tests are one family, Holm-corrected; each variant's per-domain tests "
+                    "are Holm-corrected among themselves",
+    "equivalence": "'no difference' only by TOST (two one-sided t tests, 5 % each) inside a margin stated before "
+                   "the runs; without one, a mean that is not significant is 'not resolved' (95 % CI printed)",
+    "domains_worse": "number of domains whose paired Δ is significantly worse (Holm over the domains)",
+    "domains_positive": "number of domains with mean Δ > 0: consistency of direction, not a test (the domains "
+                        "share each run)",
+    "verdict": f"first that applies: n/a (< 2 paired seeds); uniform degradation (macro significantly worse after "
+               f"Holm, no domain significantly better, Δ > 0 on >= {UNIFORM_SHARE:.0%} of the domains); uniform "
+               "gain (the mirror); trade-off (>= 1 domain significantly worse and >= 1 significantly better); "
+               "degradation / gain (not uniform) (macro significant, domains not uniform); equivalent (macro "
+               "inside the margin by TOST); not resolved (otherwise)",
+    "illusory_convergence": "open = significant and not inside the margin; closed = inside the margin by TOST "
+                            "(needs a margin; without one nothing is ever closed); flagged when the gap is open at "
+                            "some point, closed at a later one, and open again (worse) after that, with the "
+                            "per-seed rise from the closed point itself significantly > 0",
 }
 
 # SPEC §5: the published MGLU (n_m = 1) vs SwiGLU study, 3B parameters trained from scratch.
@@ -100,47 +105,22 @@ Timelines = dict[str, dict[int, list[dict[str, Any]]]]
 
 # ----------------------------------------------------------------------------------------------- statistics
 def paired_delta(base: dict[Any, float], variant: dict[Any, float]) -> dict[str, Any]:
-    """Mean ± s.e. of variant[s] - base[s] over the seeds both have (s.e. NaN with fewer than two)."""
-    seeds = sorted(s for s in variant if s in base and _finite(variant[s]) and _finite(base[s]))
-    deltas = [variant[s] - base[s] for s in seeds]
-    mean, se = mean_se(deltas)
-    return {"delta": mean, "se": se, "n": len(deltas), "seeds": seeds,
-            "per_seed": dict(zip(seeds, deltas, strict=True))}
+    """stats.paired with the study's key names: {"delta", "se", "n", "seeds", "per_seed"}."""
+    p = stats.paired(base, variant)
+    return {"delta": p["mean"], "se": p["se"], "n": p["n"], "seeds": p["seeds"], "per_seed": p["per_seed"]}
 
 
-def mean_se(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard error of the mean (sd / sqrt(n), ddof = 1; NaN with fewer than two values)."""
-    mean, std = mean_std(values)
-    return mean, std / math.sqrt(len(values)) if len(values) > 1 else math.nan
-
-
-def significance(mean: float, se: float, n: int) -> int | None:
-    """+1 significantly worse, -1 significantly better, 0 within noise, None without a test (n < 2)."""
-    if n < 2 or not (_finite(mean) and _finite(se)):
-        return None
-    t = t_critical(n)
-    return 1 if mean > t * se else -1 if mean < -t * se else 0
-
-
-def sign_test_p(positive: int, negative: int) -> float:
-    """Two-sided exact binomial p of `positive` successes out of positive + negative at probability 1/2."""
-    m = positive + negative
-    if m == 0:
-        return 1.0
-    k = max(positive, negative)
-    tail = sum(math.comb(m, i) for i in range(k, m + 1)) / 2**m
-    return min(1.0, 2 * tail)
-
-
-def verdict(domain_signs: Sequence[int | None], positive: int, negative: int, macro_sign: int | None) -> str:
-    """The variant's verdict from the per-domain significance signs, the sign counts and the macro's sign."""
+def verdict(domain_signs: Sequence[int | None], positive: int, negative: int, macro_sign: int | None,
+            macro_equivalent: bool | None = None) -> str:
+    """The variant's verdict (RULES['verdict']) from the Holm-corrected per-domain signs, the counts of domains on
+    each side, the macro's Holm-corrected sign and whether the macro passed TOST within the margin."""
     if macro_sign is None:
         return "n/a"
     worse, better = domain_signs.count(1), domain_signs.count(-1)
-    uniform = sign_test_p(positive, negative) < SIGN_TEST_P
-    if uniform and positive > negative and macro_sign == 1 and better == 0:
+    total = positive + negative
+    if macro_sign == 1 and better == 0 and total and positive >= UNIFORM_SHARE * total:
         return "uniform degradation"
-    if uniform and negative > positive and macro_sign == -1 and worse == 0:
+    if macro_sign == -1 and worse == 0 and total and negative >= UNIFORM_SHARE * total:
         return "uniform gain"
     if worse and better:
         return "trade-off"
@@ -148,7 +128,15 @@ def verdict(domain_signs: Sequence[int | None], positive: int, negative: int, ma
         return "degradation (not uniform)"
     if macro_sign == -1:
         return "gain (not uniform)"
-    return "no difference"
+    return "equivalent" if macro_equivalent else "not resolved"
+
+
+def _holm_signs(cells: Sequence[dict[str, Any]], alpha: float) -> list[int | None]:
+    """Significance signs of paired cells ({"delta", "se", "n"}) after Holm over the cells."""
+    tests = [stats.t_test(c["delta"], c["se"], c["n"]) for c in cells]
+    adjusted = stats.holm([t["p"] for t in tests], alpha)["adjusted"]
+    return [None if p is None else 0 if p >= alpha else (1 if c["delta"] > 0 else -1)
+            for c, p in zip(cells, adjusted, strict=True)]
 
 
 # ----------------------------------------------------------------------------------------------- the analysis
@@ -176,37 +164,71 @@ def domain_rows(finals: Finals, baseline: str, variants: Sequence[str]) -> dict[
                 cell[f"delta{suffix}"], cell[f"se{suffix}"] = p["delta"], p["se"]
                 if key == "loss":
                     cell["n"] = p["n"]
-                    cell["significant"] = significance(p["delta"], p["se"], p["n"])
+                    cell["significant"] = stats.significance(p["delta"], p["se"], p["n"])
+                    cell["p"] = stats.t_test(p["delta"], p["se"], p["n"])["p"]
                     cell["loss"] = _mean(_values(runs, dom, key).values())
             out[dom][v] = cell
     return out
 
 
 def variant_summary(finals: Finals, baseline: str, variant: str,
-                    domains: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Macro Δ (loss and bpb) ± s.e., domains worse / better / positive, sign test and the verdict."""
+                    domains: dict[str, dict[str, dict[str, Any]]], alpha: float = stats.ALPHA,
+                    margin: float | None = None) -> dict[str, Any]:
+    """Macro Δ (loss and bpb) ± s.e. with its test, interval and TOST, the domain counts (Holm over domains).
+
+    The verdict is filled in by analyze_study once every variant's macro p is known (Holm over the variants).
+    """
     base, runs = finals.get(baseline, {}), finals.get(variant, {})
     evals = [d for d in domains if d != HELDOUT_DOMAIN]
     # Each pair's macro runs over the domains both of its runs have (missing ones are named in the notes).
     loss, bpb = (paired_delta({s: macro(base[s], key, runs[s]) for s in runs if s in base},
                               {s: macro(runs[s], key, base[s]) for s in runs if s in base}) for key in ("loss", "bpb"))
-    macro_sign = significance(loss["delta"], loss["se"], loss["n"])
+    test = stats.compare(loss["delta"], loss["se"], loss["n"], margin, alpha)
     out: dict[str, Any] = {"macro_delta": loss["delta"], "macro_delta_se": loss["se"], "macro_delta_bpb": bpb["delta"],
-                           "macro_delta_bpb_se": bpb["se"], "n_pairs": loss["n"], "seeds": loss["seeds"]}
+                           "macro_delta_bpb_se": bpb["se"], "n_pairs": loss["n"], "seeds": loss["seeds"],
+                           "macro_per_seed": loss["per_seed"], "macro_p": test["p"], "macro_ci95": test["ci95"],
+                           "macro_tost": test["tost"]}
     cells = [domains[d][variant] for d in evals]
-    signs = [c["significant"] for c in cells]
+    signs = _holm_signs(cells, alpha)
     positive = sum(1 for c in cells if _finite(c["delta"]) and c["delta"] > 0)
     negative = sum(1 for c in cells if _finite(c["delta"]) and c["delta"] < 0)
     held = domains.get(HELDOUT_DOMAIN, {}).get(variant, {})
+    held_test = stats.compare(held.get("delta", math.nan), held.get("se", math.nan), held.get("n", 0), margin, alpha)
     out.update(domains_worse=signs.count(1), domains_better=signs.count(-1), domains_positive=positive,
-               domains_negative=negative, domains_total=len(evals), sign_test_p=sign_test_p(positive, negative),
-               macro_significant=macro_sign, heldout_delta=held.get("delta"), heldout_delta_se=held.get("se"))
-    out["verdict"] = "baseline" if variant == baseline else verdict(signs, positive, negative, macro_sign)
+               domains_negative=negative, domains_total=len(evals), domain_signs=signs,
+               heldout_delta=held.get("delta"), heldout_delta_se=held.get("se"), heldout_p=held_test["p"],
+               heldout_ci95=held_test["ci95"], heldout_tost=held_test["tost"])
     return out
 
 
-def gap_timeline(timelines: Timelines, baseline: str, variant: str) -> list[dict[str, Any]]:
-    """Per token count: paired macro gap vs the baseline (mean, s.e., n, per-seed), and the variant's macro loss."""
+def _family_verdicts(rows: dict[str, dict[str, Any]], baseline: str, alpha: float) -> None:
+    """Holm over the variants' macro (and, apart, held-out) tests; then each variant's verdict and outcomes."""
+    names = [v for v in rows if v != baseline]
+    for key in ("macro", "heldout"):
+        adjusted = stats.holm([rows[v][f"{key}_p"] for v in names], alpha)["adjusted"]
+        for v, p in zip(names, adjusted, strict=True):
+            r = rows[v]
+            r[f"{key}_p_holm"] = p
+            mean, se = r[f"{key}_delta"], r[f"{key}_delta_se"]
+            c = stats.compare(_num(mean), _num(se), r["n_pairs"], (r[f"{key}_tost"] or {}).get("margin"), alpha, p=p)
+            r[f"{key}_outcome"] = c["outcome"]
+    for v in names:
+        r = rows[v]
+        p = r["macro_p_holm"]
+        sign = None if p is None else 0 if p >= alpha else (1 if r["macro_delta"] > 0 else -1)
+        r["macro_significant"] = sign
+        r["verdict"] = verdict(r["domain_signs"], r["domains_positive"], r["domains_negative"], sign,
+                               (r["macro_tost"] or {}).get("equivalent"))
+
+
+def _num(x: Any) -> float:
+    return float(x) if _finite(x) else math.nan
+
+
+def gap_timeline(timelines: Timelines, baseline: str, variant: str, margin: float | None = None,
+                 alpha: float = stats.ALPHA) -> list[dict[str, Any]]:
+    """Per token count: paired macro gap vs the baseline (mean, s.e., n, per-seed, 95 % CI, status open / closed /
+    not resolved by RULES['illusory_convergence']), and the variant's macro loss."""
     # Points pair by token count (the x axis); a point without one cannot be placed and is skipped.
     base = {s: {p["tokens"]: p for p in pts if p.get("tokens")} for s, pts in timelines.get(baseline, {}).items()}
     mine = {s: {p["tokens"]: p for p in pts if p.get("tokens")} for s, pts in timelines.get(variant, {}).items()}
@@ -219,64 +241,85 @@ def gap_timeline(timelines: Timelines, baseline: str, variant: str) -> list[dict
         v = {s: macro(here[s]["domains"], among=there[s]["domains"]) for s in there}
         b = {s: macro(there[s]["domains"], among=here[s]["domains"]) for s in there}
         gap = paired_delta(b, v)
-        mean_loss, se_loss = mean_se([x for p in here.values() if _finite(x := macro(p["domains"]))])
-        out.append({"tokens": t, "step": next(iter(here.values())).get("step"), "gap": gap["delta"], "se": gap["se"],
-                    "n": gap["n"], "per_seed": gap["per_seed"], "loss": mean_loss, "loss_se": se_loss})
+        mean_loss, se_loss = stats.mean_se([x for p in here.values() if _finite(x := macro(p["domains"]))])
+        point = {"tokens": t, "step": next(iter(here.values())).get("step"), "gap": gap["delta"], "se": gap["se"],
+                 "n": gap["n"], "per_seed": gap["per_seed"], "loss": mean_loss, "loss_se": se_loss}
+        point.update(gap_status(point, margin, alpha))
+        out.append(point)
     return out
 
 
-def _open(p: dict[str, Any]) -> bool:
-    """Is the gap at this point significantly non-zero and beyond CLOSED_TOL (either sign)?"""
-    return significance(p["gap"], p["se"], p["n"]) in (1, -1) and abs(p["gap"]) > CLOSED_TOL
+def gap_status(p: dict[str, Any], margin: float | None, alpha: float = stats.ALPHA) -> dict[str, Any]:
+    """{"status": open / closed / not resolved / n/a, "p", "ci95"} of one timeline point (RULES)."""
+    c = stats.compare(_num(p["gap"]), _num(p["se"]), p["n"], margin, alpha)
+    if c["outcome"] in ("worse", "better"):
+        status = "open"
+    elif c["outcome"] in ("equivalent", "worse, within margin", "better, within margin"):
+        status = "closed"
+    else:
+        status = c["outcome"]  # not resolved / n/a
+    return {"status": status, "p": c["p"], "ci95": c["ci95"]}
 
 
-def _closed(p: dict[str, Any]) -> bool:
-    """Is the gap at this point within noise (not significant) or within CLOSED_TOL?"""
-    return p["n"] >= 2 and _finite(p["gap"]) and (abs(p["gap"]) <= CLOSED_TOL
-                                                  or significance(p["gap"], p["se"], p["n"]) == 0)
-
-
-def illusory_convergence(points: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def illusory_convergence(points: Sequence[dict[str, Any]], margin: float | None = None,
+                         alpha: float = stats.ALPHA) -> dict[str, Any] | None:
     """The first (open, closed, reopened) triple of timeline points by RULES['illusory_convergence'], or None."""
+    status = [gap_status(p, margin, alpha)["status"] for p in points]
     opened = None
     for i, a in enumerate(points):
-        if _open(a) and opened is None:
+        if status[i] == "open" and opened is None:
             opened = a
-        if opened is None or not _closed(a):
+        if opened is None or status[i] != "closed":
             continue
-        for b in points[i + 1:]:
-            if not (_open(b) and b["gap"] > 0):
+        for j in range(i + 1, len(points)):
+            b = points[j]
+            if not (status[j] == "open" and b["gap"] > 0):
                 continue
-            rise = paired_delta(a["per_seed"], b["per_seed"])
-            if significance(rise["delta"], rise["se"], rise["n"]) == 1:
+            rise = stats.paired(a["per_seed"], b["per_seed"])
+            if stats.significance(rise["mean"], rise["se"], rise["n"], alpha) == 1:
                 return {"open_tokens": opened["tokens"], "open_gap": opened["gap"],
                         "closed_tokens": a["tokens"], "closed_gap": a["gap"], "closed_se": a["se"],
                         "reopened_tokens": b["tokens"], "reopened_gap": b["gap"], "reopened_se": b["se"],
-                        "rise": rise["delta"], "rise_se": rise["se"]}
+                        "rise": rise["mean"], "rise_se": rise["se"]}
     return None
+
+
+def first_open(points: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first timeline point whose gap is open (either sign), or None: "the gap never opened" is checkable."""
+    return next(({"tokens": p["tokens"], "gap": p["gap"], "se": p["se"], "p": p.get("p")} for p in points
+                 if p.get("status") == "open"), None)
 
 
 def analyze_study(finals: Finals, baseline: str, variants: Sequence[str] | None = None,
                   timelines: Timelines | None = None, costs: dict[str, dict[str, Any]] | None = None,
-                  decode: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The whole study as JSON-ready data: variants, domains, timeline, rules, notes (NaN -> None)."""
+                  decode: dict[str, dict[str, Any]] | None = None, margin: float | None = None,
+                  alpha: float = stats.ALPHA) -> dict[str, Any]:
+    """The whole study as JSON-ready data: variants, domains, timeline, rules, notes (NaN -> None).
+
+    margin: the equivalence margin in nats stated before the runs (the registered plan's); None = equivalence
+    and "closed" cannot be claimed, and the verdicts say "not resolved" instead.
+    """
     variants = list(variants or finals)
     if baseline not in variants:
         variants.insert(0, baseline)
     timelines, costs, decode = timelines or {}, costs or {}, decode or {}
     notes = _notes(finals, baseline, variants)
+    if margin is None:
+        notes.append("no equivalence margin was given (none registered): a difference that is not significant is "
+                     "'not resolved', and no timeline gap can be called closed")
     domains = domain_rows(finals, baseline, variants)
     out_variants, timeline = {}, {}
     for v in variants:
         row = {k: (costs.get(v) or {}).get(k)
                for k in ("params", "mask_elements", "active_params_per_token", "inference_bytes")}
-        row.update(variant_summary(finals, baseline, v, domains))
+        row.update(variant_summary(finals, baseline, v, domains, alpha, margin))
         row["runs"] = len(finals.get(v, {}))
-        points = gap_timeline(timelines, baseline, v) if timelines.get(v) else []
+        points = gap_timeline(timelines, baseline, v, margin, alpha) if timelines.get(v) else []
         timeline[v] = points
         if timelines.get(v) and v != baseline:
-            found = illusory_convergence(points)
+            found = illusory_convergence(points, margin, alpha)
             row["illusory_convergence"], row["illusory_at"] = found is not None, found
+            row["first_open"] = first_open(points)
         measured = decode.get(v) or {}
         for key in ("tokens_per_s", "bytes_per_token"):
             if measured.get(key) is not None:
@@ -284,17 +327,23 @@ def analyze_study(finals: Finals, baseline: str, variants: Sequence[str] | None 
         if measured.get("error"):
             notes.append(f"variant '{v}': decode not measured ({measured['error']})")
         out_variants[v] = row
+    _family_verdicts(out_variants, baseline, alpha)
+    out_variants[baseline]["verdict"] = "baseline"
     if timelines and not any(timeline.values()):
         notes.append("no timeline points: the runs evaluated only at the end (set eval_timeline in the sweep)")
     return jsonable({
-        "baseline": baseline, "heldout_domain": HELDOUT_DOMAIN, "export_dtype": EXPORT_DTYPE,
-        "variants": out_variants, "domains": domains, "timeline": timeline, "rules": RULES, "notes": notes,
+        "baseline": baseline, "heldout_domain": HELDOUT_DOMAIN, "export_dtype": EXPORT_DTYPE, "margin": margin,
+        "alpha": alpha, "variants": out_variants, "domains": domains, "timeline": timeline, "rules": RULES,
+        "notes": notes,
     })
 
 
 def _notes(finals: Finals, baseline: str, variants: Sequence[str]) -> list[str]:
     """Plain-language notes on what is missing: variants without runs, seeds without a partner, domains."""
     notes = []
+    mixed = sample_note({f"{v}/{s}": evals for v, runs in finals.items() for s, evals in runs.items()})
+    if mixed:
+        notes.append(mixed)
     base = finals.get(baseline, {})
     if not base:
         notes.append(f"the baseline '{baseline}' has no finished runs: no deltas can be computed yet")
@@ -392,17 +441,53 @@ def published_variant(configs: dict[str, dict[str, Any]], baseline: str) -> str 
     return None
 
 
-def study_analysis(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """load_study + variant_costs + analyze_study for a sweep folder, with the sweep's name and run counts."""
+RECORDS_KIND = "ffn-study"
+"""records.json's `kind` for this study (plelab report RECORDS.json dispatches on it)."""
+
+
+def study_records(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None,
+                  plan: str | Path | None = None) -> dict[str, Any]:
+    """Everything the study's analysis rests on, per seed, as plain data: what a report commits as records.json
+    so that anyone can recompute it (`plelab report records.json`) without the sweep folder."""
+    from plelab.experiments.plan import plan_inputs
+
     data = load_study(folder)
     if decode is None:
         decode = _read_json(Path(folder) / DECODE_FILE)
-    costs = {v: variant_costs(cfg) for v, cfg in data["configs"].items()}
-    analysis = analyze_study(data["finals"], data["baseline"], data["variants"], data["timelines"], costs, decode)
-    head = {"sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
-            "total_runs": data["total_runs"], "published_variant": published_variant(data["configs"],
-                                                                                   data["baseline"])}
-    return {**head, **analysis}
+    return {"kind": RECORDS_KIND, "sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
+            "total_runs": data["total_runs"], "baseline": data["baseline"], "variants": data["variants"],
+            "finals": data["finals"], "timelines": data["timelines"],
+            "costs": {v: variant_costs(cfg) for v, cfg in data["configs"].items()}, "decode": decode or {},
+            "published_variant": published_variant(data["configs"], data["baseline"]),
+            "plan_inputs": plan_inputs(folder, plan)}
+
+
+def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
+    """The study's analysis from study_records' data (a sweep folder's, or a committed records.json's).
+
+    The equivalence margin and test level come from the registered analysis plan (or a plan given at report
+    time, whose verdicts are then post hoc); without one the margin is None.
+    """
+    from plelab.experiments.plan import plan_from_inputs, plan_margin
+
+    registered = plan_from_inputs(rec["plan_inputs"])
+    margin, alpha = plan_margin(registered)
+    finals, timelines = _seed_keys(rec["finals"]), _seed_keys(rec["timelines"])
+    analysis = analyze_study(finals, rec["baseline"], rec["variants"], timelines, rec["costs"], rec["decode"],
+                             margin=margin, alpha=alpha)
+    head = {k: rec[k] for k in ("sweep", "folder", "counts", "total_runs", "published_variant")}
+    return {**head, **analysis, "plan": registered}
+
+
+def study_analysis(folder: str | Path, decode: dict[str, dict[str, Any]] | None = None,
+                   plan: str | Path | None = None) -> dict[str, Any]:
+    """analysis_from_records(study_records(...)) for a sweep folder."""
+    return analysis_from_records(study_records(folder, decode, plan))
+
+
+def _seed_keys(by_variant: dict[str, dict[Any, Any]]) -> dict[str, dict[int, Any]]:
+    """{variant: {seed: ...}} with integer seeds (JSON turned them into strings)."""
+    return {v: {int(s): x for s, x in seeds.items()} for v, seeds in by_variant.items()}
 
 
 def _variant(run: dict[str, Any]) -> str | None:

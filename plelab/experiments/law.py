@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from fractions import Fraction
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from plelab import stats
 from plelab.diagnostics import early as E
 from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
-from plelab.experiments.analysis import PAIRED_RULE, analyze_sweep, mean_std, paired_table
+from plelab.experiments.analysis import PAIRED_RULE, analyze_sweep, dose_response, paired_table
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_runner import read_metrics
 from plelab.experiments.sweep_store import SweepStore
@@ -31,18 +30,23 @@ LAW_FILE = Path(__file__).with_name("deadzone_law.json")
 PREDICTION_FILE = "prediction.json"
 """In the study folder: the prediction for the held-out width, written once before it runs, never overwritten."""
 
-TRAINED_LATE_FRACTION = 0.2
-TRAINED_MAX_LATE_SHARE = 0.1
+TRAINED_TOLERANCE = 0.05
+"""nats: the most the loss may still fall over the last doubling of tokens for a run to count as trained."""
 SMOOTH_FRACTION = 0.05
+LATE_FRACTION = 0.2
+"""Only for the descriptive late share (the former criterion, kept in the records)."""
 
 CRITERIA = {
     "alive": "smallest tested dP whose final ablation verdict is alive in every seed",
     "gain": "smallest tested dP whose paired loss delta vs dP = 0 is a significant gain (mean delta < -t x "
             "std/sqrt(seeds), t = t(0.975, seeds - 1): 4.30 for 3 seeds; at least two seeds)",
 }
-TRAINED_RULE = (f"trained (the loss has bent): over the last {TRAINED_LATE_FRACTION:.0%} of the logged steps the "
-                f"training loss drops by less than {TRAINED_MAX_LATE_SHARE:.0%} of its whole drop (each end the "
-                f"mean of {SMOOTH_FRACTION:.0%} of the logged points)")
+TRAINED_RULE = (f"trained: the loss falls by at most {TRAINED_TOLERANCE:g} nats over the last doubling of tokens "
+                f"(from half the run's tokens to the end; the held-out timeline when the run has one, else the "
+                f"training loss, each point the mean of {SMOOTH_FRACTION:.0%} of the logged points around it). A run "
+                "still falling faster would rank differently with more tokens. (Replaces 'the last 20 % of steps fall "
+                "by < 10 % of the whole fall', which a run still dropping 0.3 nats passed: with cosine decay the "
+                "learning rate is small over the last 20 %, and the whole fall starts at ln V.)")
 
 PUBLISHED = [{"source": "SPEC §3 (3B, 400B tokens)", "H": 2560, "form": "simple", "criterion": "gain",
               "bracket": [128, 256], "note": "64 -> 128 within noise, 128 -> 256 the transition"},
@@ -52,20 +56,43 @@ PUBLISHED = [{"source": "SPEC §3 (3B, 400B tokens)", "H": 2560, "form": "simple
 
 
 # ------------------------------------------------------------------------------------------ trained criterion
-def trained_criterion(losses: Sequence[float]) -> dict[str, Any]:
-    """TRAINED_RULE on a run's logged training losses (in step order)."""
-    values = [float(v) for v in losses if v is not None and math.isfinite(v)]
-    if len(values) < 5:
-        return {"trained": None, "late_share": None, "reason": f"{len(values)} logged losses: too few to judge"}
-    w = max(1, round(SMOOTH_FRACTION * len(values)))
-    at = min(len(values) - w, round((1 - TRAINED_LATE_FRACTION) * len(values)))
-    start, mid, end = (sum(values[i:i + w]) / w for i in (0, at - w // 2, len(values) - w))
-    total, late = start - end, mid - end
+def trained_criterion(points: Sequence[Any], tolerance: float = TRAINED_TOLERANCE) -> dict[str, Any]:
+    """TRAINED_RULE on a loss series: (tokens or step, loss) pairs in order, or bare losses (index = step).
+
+    The drop over the last doubling is L(x_end / 2) - L(x_end), L the series smoothed over SMOOTH_FRACTION of its
+    points (interpolated linearly in log x at x_end / 2). `late_share`, the former criterion's number (the fall
+    over the last LATE_FRACTION of the points as a share of the whole fall), is kept as a description.
+    """
+    pairs = [(float(p[0]), p[1]) if isinstance(p, (tuple, list)) else (float(i + 1), p) for i, p in enumerate(points)]
+    pairs = [(x, float(v)) for x, v in pairs if v is not None and math.isfinite(v) and x > 0]
+    if len(pairs) < 5:
+        return {"trained": None, "doubling_drop": None, "late_share": None,
+                "reason": f"{len(pairs)} logged losses: too few to judge"}
+    xs, ys = [x for x, _ in pairs], [v for _, v in pairs]
+    w = max(1, round(SMOOTH_FRACTION * len(ys)))
+    smooth = [sum(ys[max(0, i - w // 2):i - w // 2 + w]) / len(ys[max(0, i - w // 2):i - w // 2 + w])
+              for i in range(len(ys))]
+    end = sum(ys[-w:]) / w
+    half = xs[-1] / 2
+    if half < xs[0]:
+        return {"trained": None, "doubling_drop": None, "late_share": None,
+                "reason": f"the series starts at {xs[0]:g}, after half the run ({half:g}): no doubling to measure"}
+    j = next(i for i in range(1, len(xs)) if xs[i] >= half)
+    x0, x1 = math.log(xs[j - 1]), math.log(xs[j])
+    frac = 0.0 if x1 == x0 else (math.log(half) - x0) / (x1 - x0)
+    at_half = smooth[j - 1] + frac * (smooth[j] - smooth[j - 1])
+    drop = at_half - end
+    start = sum(ys[:w]) / w
+    at = min(len(ys) - w, round((1 - LATE_FRACTION) * len(ys)))
+    late_start = sum(ys[at - w // 2:at - w // 2 + w]) / w
+    total = start - end
+    late_share = (late_start - end) / total if total > 0 else None
     if total <= 0:
-        return {"trained": False, "late_share": None, "total_drop": total, "reason": "the loss did not fall"}
-    share = late / total
-    return {"trained": share < TRAINED_MAX_LATE_SHARE, "late_share": share, "total_drop": total, "late_drop": late,
-            "reason": f"late drop {late:.4f} = {share:.1%} of the total drop {total:.4f}"}
+        return {"trained": False, "doubling_drop": drop, "tolerance": tolerance, "late_share": None,
+                "total_drop": total, "reason": "the loss did not fall"}
+    return {"trained": drop <= tolerance, "doubling_drop": drop, "tolerance": tolerance, "late_share": late_share,
+            "total_drop": total, "reason": f"the loss fell {drop:.4f} nats over the last doubling "
+                                           f"({half:g} -> {xs[-1]:g}); limit {tolerance:g}"}
 
 
 # ------------------------------------------------------------------------------------------ thresholds
@@ -96,6 +123,7 @@ def fit_law(brackets: dict[int, Sequence[float]]) -> dict[str, Any]:
     """c = dP*/H from each width's bracket (lo, hi]: the intersection of (lo/H, hi/H] over widths."""
     if not brackets:
         return {"consistent": False, "c": None, "reason": "no width measured"}
+    brackets = {h: (float(b[0]), upper(b)) for h, b in brackets.items()}  # JSON stores an open end as null
     c_lo = max(lo / h for h, (lo, _) in brackets.items())
     c_hi = min(hi / h for h, (_, hi) in brackets.items())
     widths = sorted(brackets)
@@ -154,30 +182,39 @@ def _brackets_text(per: dict[int, Sequence[float]]) -> str:
     return "; ".join(f"H={h}: ({ratio_text(lo)}, {ratio_text(hi)}]" for h, (lo, hi) in per.items())
 
 
-def collapse(widths: Sequence[dict[str, Any]], form: str) -> dict[str, dict[str, Any]]:
+def collapse(widths: Sequence[dict[str, Any]], form: str, draws: int = 20_000) -> dict[str, dict[str, Any]]:
     """Is the paired gain a function of dP/H (the law's premise) or of dP itself? Per axis, every pair of widths
     is compared where both tested the same axis value: z = (delta_1 - delta_2) / sqrt(se_1^2 + se_2^2).
 
-    The axis on which the widths' curves coincide has the smaller sum of z^2 per shared point (about 1 when they
-    coincide within noise). Descriptive: with 3 seeds each s.e. is itself noisy, so no p-value is claimed.
+    The statistic is the mean z^2 over the shared points. It is held against its simulated null
+    (stats.curves_agree: each width redrawn with its own seeds' spread and no difference between widths), not
+    against 1: with 3 seeds a side z is t-like and the points share runs, so two curves that coincide exactly
+    give a mean z^2 near 2 and often far above. Two nulls: `p` keeps the seeds' correlation across dP (heavy-
+    tailed with 3 seeds: conservative), `p_independent` drops it (liberal). Small p = the widths' curves differ
+    on that axis. leave_one_out: the statistic without each point (one point can carry it).
     """
-    curves = {w["H"]: {r["ple_dim"]: r for r in w["paired"]
-                       if all(isinstance(r.get(k), float) and math.isfinite(r[k]) for k in ("delta_mean", "delta_se"))}
-              for w in widths if w["form"] == form}
     out = {}
-    for axis, at in (("dP/H", lambda d, h: Fraction(d, h)), ("dP", lambda d, h: Fraction(d))):
-        points = []
-        for h1, h2 in combinations(sorted(curves), 2):
-            a = {at(d, h1): r for d, r in curves[h1].items()}
-            b = {at(d, h2): r for d, r in curves[h2].items()}
-            for x in sorted(set(a) & set(b)):
-                diff = a[x]["delta_mean"] - b[x]["delta_mean"]
-                se = math.hypot(a[x]["delta_se"], b[x]["delta_se"])
-                points.append({"H": [h1, h2], "x": float(x), "ple_dim": [a[x]["ple_dim"], b[x]["ple_dim"]],
-                               "diff": diff, "z": diff / se if se > 0 else math.nan})
-        zs = [p["z"] for p in points if math.isfinite(p["z"])]
-        out[axis] = {"points": points, "k": len(zs), "chi2_per_point": sum(z * z for z in zs) / len(zs) if zs else None,
-                     "mean_abs_diff": sum(abs(p["diff"]) for p in points) / len(points) if points else None}
+    for axis, scale in (("dP/H", True), ("dP", False)):
+        curves = {}
+        for w in widths:
+            if w["form"] != form:
+                continue
+            seeds: dict[Any, dict[float, float]] = {}
+            for r in w["paired"]:
+                x = r["ple_dim"] / w["H"] if scale else float(r["ple_dim"])
+                for s, d in zip(r.get("seeds") or [], r.get("deltas") or [], strict=True):
+                    if isinstance(d, (int, float)) and math.isfinite(d):
+                        seeds.setdefault(s, {})[x] = float(d)
+            curves[w["H"]] = seeds
+        res = stats.curves_agree(curves, draws=draws)
+        alt = stats.curves_agree(curves, draws=draws, correlated=False)
+        res.update(p_independent=alt["p"], null_median_independent=alt["null_median"],
+                   null_p95_independent=alt["null_p95"])
+        for p in res["points"]:
+            h1, h2 = p.pop("curves")
+            p["H"] = [h1, h2]
+            p["ple_dim"] = [round(p["x"] * h1) if scale else int(p["x"]), round(p["x"] * h2) if scale else int(p["x"])]
+        out[axis] = {**res, "chi2_per_point": res["statistic"]}
     return out
 
 
@@ -197,7 +234,7 @@ def _run_record(point: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
             "vocab": model.get("vocab_size"), "max_steps": config.get("max_steps"),
             "verdict": final.get("verdict"), "ablation_delta": final.get("ablation_delta_loss"),
             "train_seconds": row.get("train_seconds"),
-            "trained": trained_criterion([m.get("loss") for m in metrics]),
+            "trained": trained_criterion([(m.get("step", i + 1), m.get("loss")) for i, m in enumerate(metrics)]),
             "signals": E.run_signals(metrics, int(config.get("max_steps") or 0)) if point["ple_dim"] else {}}
 
 
@@ -223,7 +260,8 @@ def width_table(runs: Sequence[dict[str, Any]], loss_key: str) -> dict[str, Any]
     ablation = []
     for d in dims:
         at = [r for r in runs if r["ple_dim"] == d]
-        mean, std = mean_std([r["ablation_delta"] for r in at if isinstance(r.get("ablation_delta"), (int, float))])
+        mean, std = stats.mean_std([r["ablation_delta"] for r in at
+                                    if isinstance(r.get("ablation_delta"), (int, float))])
         n = sum(isinstance(r.get("ablation_delta"), (int, float)) for r in at)
         ablation.append({"ple_dim": d, "mean": mean, "se": std / math.sqrt(n) if n > 1 else math.nan, "n": n,
                          "verdicts": {v: sum(r["verdict"] == v for r in at) for v in
@@ -232,6 +270,7 @@ def width_table(runs: Sequence[dict[str, Any]], loss_key: str) -> dict[str, Any]
     return {"H": first["H"], "form": first["form"], "layers": first["layers"], "vocab": first["vocab"],
             "max_steps": first["max_steps"], "dims": dims,
             "paired": paired_table(runs, loss_key), "paired_secondary": paired_table(runs, "domains_macro"),
+            "dose_response": dose_response(runs, loss_key),
             "ablation": ablation, "thresholds": thresholds(runs, loss_key),
             "train_hours": sum(r.get("train_seconds") or 0.0 for r in runs) / 3600,
             "trained": [{"name": r["name"], **r["trained"]} for r in runs]}
@@ -323,18 +362,29 @@ def prediction_record(analysis: dict[str, Any]) -> dict[str, Any]:
 
 
 def law_summary(analysis: dict[str, Any]) -> dict[str, Any]:
-    """The compact result the study commits as LAW_FILE: the law, its evidence, the early rule and its accuracy."""
+    """The compact result the study commits as LAW_FILE: the law on every measured width, its evidence, the frozen
+    prediction's fit and outcomes, the early rule and its accuracy beside the base-rate rule's.
+
+    `law` / `law_gain` are fitted on *every* measured width of the form (a held-out width, once measured, is
+    evidence like the others); `law_fit_widths` is the fit the prediction was made from, kept as it was.
+    """
     early = analysis["early"] or {}
     test = early.get("test") or {}
-    return {"form": analysis["form"], "criterion": "alive", "law": analysis["law"]["alive"],
-            "law_gain": analysis["law"]["gain"], "fit_widths": analysis["fit_widths"],
-            "widths_tested": sorted({w["H"] for w in analysis["widths"] if w["form"] == analysis["form"]}),
+    form = analysis["form"]
+    measured = [w for w in analysis["widths"] if w["form"] == form]
+    every = {c: fit_law({w["H"]: w["thresholds"][c]["bracket"] for w in measured}) for c in CRITERIA}
+    base = test.get("base_rate") or {}
+    return {"form": form, "criterion": "alive", "law": every["alive"], "law_gain": every["gain"],
+            "fit_widths": sorted(w["H"] for w in measured), "law_fit_widths": analysis["law"],
+            "prediction_fit_widths": analysis["fit_widths"],
+            "widths_tested": sorted({w["H"] for w in measured}),
             "predictions": analysis["predictions"],
-            "measured": [{"H": w["H"], **{c: w["thresholds"][c]["bracket"] for c in CRITERIA}}
-                         for w in analysis["widths"] if w["form"] == analysis["form"]],
+            "measured": [{"H": w["H"], **{c: w["thresholds"][c]["bracket"] for c in CRITERIA}} for w in measured],
             "early_rule": None if early.get("rule") is None else {
                 **early["rule"], "test_widths": sorted({p["H"] for p in analysis["predictions"]}),
-                "test_correct": test.get("correct"), "test_n": test.get("n"), "test_accuracy": test.get("accuracy")}}
+                "test_correct": test.get("correct"), "test_n": test.get("n"), "test_accuracy": test.get("accuracy"),
+                "test_base_rate_correct": base.get("base_correct"), "test_base_class": base.get("base_class"),
+                "test_beats_base_rate": base.get("beats_base_rate")}}
 
 
 def load_law(path: str | Path | None = None) -> dict[str, Any] | None:
@@ -352,6 +402,9 @@ def suggest(width: int, law: dict[str, Any] | None) -> dict[str, Any]:
     """The dP range suggested for hidden size `width`, with its evidence and plain warnings."""
     if width < 1:
         raise PlelabError(f"hidden size must be >= 1, got {width}")
+    if law is not None and law.get("measured"):  # every measured width, the held-out one included
+        law = {**law, "law": fit_law({m["H"]: m["alive"] for m in law["measured"] if m.get("alive")}),
+               "fit_widths": sorted(m["H"] for m in law["measured"] if m.get("alive"))}
     if law is None or not (law.get("law") or {}).get("consistent"):
         points = [{**p, "ratio": [p["bracket"][0] / p["H"], p["bracket"][1] / p["H"]],
                    "scaled": [p["bracket"][0] / p["H"] * width, p["bracket"][1] / p["H"] * width]} for p in PUBLISHED]
@@ -369,6 +422,10 @@ def suggest(width: int, law: dict[str, Any] | None) -> dict[str, Any]:
             warnings.append(f"the loss-gain prediction missed at H = {p['H']} (predicted dP* in "
                             f"{bracket_text(p['bracket'])}, measured {bracket_text(p['measured'])}): a table that "
                             "is alive need not pay measurably; see the measured gain brackets and docs/deadzone-law.md")
+    if test.get("test_beats_base_rate") is False:
+        warnings.append(f"the early rule ({test.get('test_correct')}/{test.get('test_n')} right on the held-out "
+                        f"width) does not beat always saying '{test.get('test_base_class')}' "
+                        f"({test.get('test_base_rate_correct')}/{test.get('test_n')}): its prediction adds nothing")
     return {"H": width, "measured": True, "range": [c_lo * width, c_hi * width], "c": [c_lo, c_hi],
             "widths_tested": tested, "fit_widths": law.get("fit_widths"), "predictions": law.get("predictions"),
             "per_width": law.get("measured") or [], "early_accuracy": test.get("test_accuracy"),
@@ -388,8 +445,9 @@ def format_suggestion(advice: dict[str, Any]) -> str:
             head = (f"{_at_least(hi)}: alive in every seed; no dead zone was found (the smallest dP tested at every "
                     f"fit width was alive, so {c} is an upper bound on the threshold, not its location)")
         else:
-            head = (f"{_at_least(hi)}: alive in every seed; dP <= {lo:.3g}: dead zone; between: unresolved by the "
-                    f"grid ({c})")
+            head = (f"{_at_least(hi)}: alive in every seed at every measured width; dP <= {lo:.3g}: not alive in "
+                    f"every seed at some width; between: unresolved by the grid ({c}, fitted on every measured "
+                    "width)")
         lines.insert(0, head)
         if advice["per_width"]:
             lines.append("measured dP* per width (alive in every seed / significant loss gain): " + "; ".join(

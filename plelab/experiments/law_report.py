@@ -24,7 +24,7 @@ from plelab.experiments.law import (
     prediction_record,
     ratio_text,
 )
-from plelab.experiments.report import Block, fmt, to_html, to_markdown
+from plelab.experiments.report import RECORDS_FILE, Block, fmt, plain_data, to_html, to_markdown
 from plelab.util.fs import atomic_write_bytes, check_output_path
 
 PRIMARY = {"heldout": "the prepared data's held-out split", "loss": "macro over the evaluation domains"}
@@ -87,22 +87,62 @@ def tracking_blocks(tracking: dict[str, Any]) -> list[Block]:
     return [("h", 3, "Which early signal ranks the final gain?"),
             ("p", "Spearman's ρ between a candidate read at a fraction of training and the run's final gain over its "
                   "own dP = 0 run (primary loss; positive = a larger signal goes with a larger gain), over the PLE "
-                  "runs (n in brackets). Part of it is only dP itself, which raises both."),
+                  "runs (n in brackets). Part of it is only dP itself, which raises both: the row 'dP/H (trivial "
+                  "ranker)' is what the design alone gets, known before training; a signal adds something only "
+                  "where it clearly beats that row."),
             ("table", head, rows)]
 
 
 def collapse_blocks(analysis: dict[str, Any]) -> list[Block]:
-    """Which axis the widths' paired-gain curves share: dP/H (the law's premise) or dP."""
+    """Which axis the widths' paired-gain curves share: dP/H (the law's premise) or dP, against a simulated null."""
     axes = analysis.get("collapse") or {}
-    if not any(a["k"] for a in axes.values()):
+    if not any(a.get("k") for a in axes.values()):
         return []
-    rows = [[axis, str(a["k"]), fmt(a["mean_abs_diff"], ".4f"), fmt(a["chi2_per_point"], ".2f")]
-            for axis, a in axes.items()]
+    rows = []
+    for axis, a in axes.items():
+        loo = [v for v in a.get("leave_one_out") or [] if v is not None]
+        worst = max(range(len(loo)), key=lambda i: a["statistic"] - loo[i]) if loo else None
+        x = a["points"][worst]["x"] if worst is not None else None
+        drop = (f"{fmt(loo[worst], '.2f')} without H {a['points'][worst]['H']} at {axis} = "
+                f"{ratio_text(x) if axis == 'dP/H' else format(x, 'g')}" if worst is not None else "-")
+        rows.append([axis, str(a["k"]), fmt(a.get("mean_abs_diff"), ".4f"), fmt(a.get("statistic"), ".2f"),
+                     f"{fmt(a.get('null_median'), '.2f')} / {fmt(a.get('null_median_independent'), '.2f')}",
+                     f"{fmt(a.get('null_p95'), '.2f')} / {fmt(a.get('null_p95_independent'), '.2f')}",
+                     f"{fmt(a.get('p'), '.3f')} / {fmt(a.get('p_independent'), '.3f')}", drop])
     return [("h", 2, "Does the gain follow dP/H or dP?"),
             ("p", "Every pair of widths compared where both tested the same value of the axis: z = difference of the "
-                  "paired Δ / its s.e. The curves coincide within noise on an axis whose mean z² is about 1. "
-                  "Descriptive only: each s.e. rests on 3 seeds."),
-            ("table", ["axis", "shared points", "mean |Δ difference| (nats)", "mean z²"], rows)]
+                  "paired Δ / its s.e.; the statistic is the mean z². It is compared with its null simulated from "
+                  "the seeds (each width redrawn with its own seeds' spread, no difference between widths), not "
+                  "with 1: with 3 seeds a side z is t-like and the points share runs. Two nulls, given as "
+                  "correlated / independent: the first keeps the seeds' correlation across dP (with 3 seeds it is "
+                  "heavy-tailed: conservative), the second drops it (liberal). p = P(null ≥ observed): small = the "
+                  "widths' curves differ on that axis. The last column leaves out the point that moves the "
+                  "statistic most."),
+            ("table", ["axis", "shared points", "mean |Δ difference| (nats)", "mean z²", "null median",
+                       "null 95th percentile", "p", "mean z² without the most influential point"], rows)]
+
+
+def dose_blocks(analysis: dict[str, Any]) -> list[Block]:
+    """Per width: the per-seed slope of the paired Δ on log2 dP, tested across seeds (the seed-level test)."""
+    rows = []
+    for w in analysis["widths"]:
+        d = w.get("dose_response") or {}
+        if not d.get("n"):
+            continue
+        v = d["verdict"]
+        seeds = ", ".join(f"{fmt(b, '+.3f')}" for b in d["per_seed"].values())
+        rows.append([f"H = {w['H']} ({w['form']})", seeds, f"{d['negative']}/{d['n']}",
+                     f"{fmt(d['mean'], '+.4f')} ± {fmt(d['se'])}",
+                     "-" if not v.get("ci95") else f"[{fmt(v['ci95'][0], '+.3f')}, {fmt(v['ci95'][1], '+.3f')}]",
+                     fmt(v.get("p"), ".3f"), v["outcome"]])
+    if not rows:
+        return []
+    return [("h", 2, "Dose-response at the level of seeds"),
+            ("p", "Each seed's paired Δ (dP vs the same seed's dP = 0 run) regressed on log2 dP: one slope per seed, "
+                  "nats per doubling of dP. Every per-dP test of a width shares its seeds' dP = 0 runs, so those tests "
+                  "are not independent and one unusual reference run sinks them all; the slopes use each run once "
+                  "and the seeds are the units (t test across seeds, df = seeds − 1)."),
+            ("table", ["width", "slope per seed", "negative", "mean ± s.e.", "95 % CI", "p", "outcome"], rows)]
 
 
 def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
@@ -120,7 +160,8 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
                      ", ".join(f"{n} {v}" for v, n in (a.get("verdicts") or {}).items()) or "-"])
     trained = [t for t in w["trained"] if t.get("trained") is not None]
     bent = sum(bool(t["trained"]) for t in trained)
-    late = ", ".join(f"{t['name']} ({fmt(t.get('late_share'), '.0%')})" for t in trained if not t["trained"])
+    late = ", ".join(f"{t['name']} ({fmt(t.get('doubling_drop'), '.3f')} nats)" for t in trained if not t["trained"])
+    unknown = {t.get("reason") for t in w["trained"] if t.get("trained") is None}
     t = w["thresholds"]
     return [
         ("h", 2, f"H = {w['H']}, {w['form']} form ({w['layers']} layers, vocab {w['vocab']}, {w['max_steps']} steps)"),
@@ -130,9 +171,21 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
                   + (f"; above it, not met at dP = {t[name]['exceptions']}" if t[name]["exceptions"] else "")
                   for name in CRITERIA]),
         ("p", f"Trained criterion met by {bent}/{len(trained)} runs"
-              + (f"; not yet bent: {late}" if late else "")
+              + (f"; still falling over the last doubling of tokens: {late}" if late else "")
+              + (f"; not evaluable for {len(w['trained']) - len(trained)}: {'; '.join(sorted(unknown))}"
+                 if unknown else "")
               + f". Time in training steps, all runs of this width together: {w['train_hours']:.2f} h."),
     ]
+
+
+def _beside_base(result: dict[str, Any]) -> str:
+    """'; the base-rate rule (always alive) gets 20/21: the rule does not beat it' for evaluate_rule's result."""
+    base = result.get("base_rate") or {}
+    if base.get("base_class") is None:
+        return ""
+    verdict = ("beats it" if base["beats_base_rate"] else "does not beat it")
+    return (f" (the base-rate rule, always '{base['base_class']}', gets {base['base_correct']}/{base['n']}: the "
+            f"rule {verdict}; exact McNemar p = {base['mcnemar_p']:.2g})")
 
 
 def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
@@ -140,6 +193,9 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     primary = analysis["primary_loss"]
     blocks: list[Block] = [
         ("h", 1, "The dead-zone law"),
+        ("p", "Registered before the held-out width's runs: the frozen prediction (prediction.json: the two "
+              "criteria's brackets and the early rule). Every other verdict here (per-dP tests, dose-response, "
+              "the collapse test, the baselines, the law refitted on every width) is post hoc."),
         ("p", f"Primary loss: `{primary}` ({PRIMARY[primary]}); secondary: the macro over the 16 evaluation "
               "domains. Paired Δ = loss(dP) − loss(dP = 0) of the same "
               "seed (same trunk init and data order), mean ± s.e. over seeds."),
@@ -152,6 +208,10 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     blocks.append(("list", [f"{c}: {law['reason']}" + (f"; point estimate {ratio_text(law['estimate'])}"
                                                          if law.get("estimate") else "")
                             for c, law in analysis["law"].items()]))
+    every = law_summary(analysis)
+    blocks.append(("p", f"Refitted on every measured width ({every['fit_widths']}, post hoc: the held-out width is "
+                        f"evidence once measured; `--suggest-ple` uses this): alive: {every['law']['reason']}; gain: "
+                        f"{every['law_gain']['reason']}."))
     if analysis["predictions"]:
         blocks.append(("table", ["H", "criterion", "predicted dP*", "measured dP*", "outcome"],
                        [[str(p["H"]), p["criterion"], bracket_text(p["bracket"]), bracket_text(p["measured"]),
@@ -162,10 +222,10 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
         test = early.get("test")
         blocks.append(("h", 2, "Early predictor"))
         blocks.append(("p", f"Chosen on the fit widths: {early['text']}; right in {early['fit']['correct']}/"
-                            f"{early['fit']['n']} of their runs. "
+                            f"{early['fit']['n']} of their runs{_beside_base(early['fit'])}. "
                        + (f"On the held-out width(s): {test['correct']}/{test['n']} right ({test['missing']} without "
-                          "the signal); " + ", ".join(f"{k}: {v}" for k, v in sorted(test["confusion"].items())) + "."
-                          if test else "No held-out width has finished runs yet.")))
+                          "the signal); " + ", ".join(f"{k}: {v}" for k, v in sorted(test["confusion"].items()))
+                          + f"{_beside_base(test)}." if test else "No held-out width has finished runs yet.")))
         if early.get("post_hoc"):
             ph = early["post_hoc"]
             blocks.append(("p", f"Post hoc (chosen on every width, held-out one included, so its accuracy is "
@@ -174,6 +234,7 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     else:
         blocks.append(("p", f"Early predictor: {early.get('reason', 'none')}."))
     blocks += tracking_blocks(early.get("tracks_gain") or {})
+    blocks += dose_blocks(analysis)
     blocks += collapse_blocks(analysis)
     blocks.append(("h", 2, "Published points"))
     blocks.append(("table", ["source", "H", "form", "criterion", "dP* bracket", "note"],
@@ -186,8 +247,10 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
 
 
 def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
-                     inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/law.md, law.html, law.json, deadzone_law.json and plots/law_vs_{ratio,dim}.png; return the paths."""
+                     inputs: Sequence[str | Path] = (), records: dict[str, Any] | None = None) -> list[Path]:
+    """Write OUT/law.md, law.html, law.json, deadzone_law.json, plots/law_vs_{ratio,dim}.png and, given the
+    study's records, OUT/records.json (every run's record: `plelab report OUT/records.json --law` recomputes
+    the whole analysis from it); return the paths."""
     out_dir = Path(out_dir)
     check_output_path(out_dir, overwrite=True, is_dir=True, inputs=tuple(inputs))
     pngs = {name: law_figure(analysis, axis) for name, axis in FIGURES.items()}
@@ -197,8 +260,11 @@ def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite
     links = {name: os.path.relpath(path, out_dir) for name, path in paths.items()}
     files = {out_dir / "law.md": to_markdown(blocks, links).encode(),
              out_dir / "law.html": to_html(blocks, "plelab: the dead-zone law").encode(),
-             out_dir / "law.json": json.dumps(analysis, indent=2).encode(),
-             out_dir / "deadzone_law.json": json.dumps(law_summary(analysis), indent=2).encode()}
+             out_dir / "law.json": json.dumps(plain_data(analysis), indent=2, allow_nan=False).encode(),
+             out_dir / "deadzone_law.json": json.dumps(plain_data(law_summary(analysis)), indent=2,
+                                                       allow_nan=False).encode()}
+    if records is not None:
+        files[out_dir / RECORDS_FILE] = json.dumps(plain_data(records), indent=1, allow_nan=False).encode()
     if figure:
         files.update({paths[name]: pngs[name] for name in FIGURES})
     for path in files:
@@ -221,7 +287,8 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
         raise PlelabError(f"{frozen_path} already holds the prediction for H = "
                           f"{sorted({p['H'] for p in frozen['predictions']})}; it is never overwritten (the protocol: "
                           "predict once, before running the width). Drop --predict to score it")
-    analysis = law_analysis(gather(folder), predict_widths=predict or (), prediction=frozen)
+    runs = gather(folder)
+    analysis = law_analysis(runs, predict_widths=predict or (), prediction=frozen)
     if predict:
         measured = [p["H"] for p in analysis["predictions"] if p["measured"] is not None]
         if measured:
@@ -229,7 +296,8 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
         atomic_write_bytes(frozen_path, json.dumps(prediction_record(analysis), indent=2).encode())
     out_dir = Path(out or folder)
     own = out_dir.resolve() == folder.resolve()
-    paths = write_law_report(analysis, out_dir, overwrite=own or overwrite, inputs=(frozen_path,))
+    records = law_records(runs, frozen)
+    paths = write_law_report(analysis, out_dir, overwrite=own or overwrite, inputs=(frozen_path,), records=records)
     if as_json:
         print_json(analysis)
         return 0
@@ -244,6 +312,23 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
     for path in paths:
         print(path)
     return 0
+
+
+LAW_KIND = "deadzone-law"
+"""records.json's `kind` for the law study."""
+
+
+def law_records(runs: Sequence[dict[str, Any]], prediction: dict[str, Any] | None) -> dict[str, Any]:
+    """The law's per-run records (losses, verdicts, ablation, trained criterion, early signals) and the frozen
+    prediction: law_analysis recomputes everything from them (`law_from_records`)."""
+    return {"kind": LAW_KIND, "prediction": prediction,
+            "runs": [{k: v for k, v in r.items() if k != "dir"} for r in runs]}
+
+
+def law_from_records(rec: dict[str, Any]) -> dict[str, Any]:
+    """law_analysis on a records.json's runs (fraction keys of the early signals back to numbers)."""
+    runs = [{**r, "signals": {float(f): v for f, v in (r.get("signals") or {}).items()}} for r in rec["runs"]]
+    return law_analysis(runs, prediction=rec.get("prediction"))
 
 
 def load_prediction(path: Path) -> dict[str, Any] | None:

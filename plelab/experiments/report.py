@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -158,6 +159,11 @@ def build_blocks(analysis: dict[str, Any], figures: dict[str, list[tuple[str, st
               f"{analysis['total_runs']}. Loss = final evaluation loss in nats/token, macro-averaged over the "
               "evaluation domains; spread = seed-to-seed sample standard deviation."),
     ]
+    from plelab.experiments.plan_report import plan_blocks, power_blocks
+
+    plan = analysis.get("plan") or {}
+    blocks += plan_blocks(plan) + (power_blocks(plan["power"]) if plan.get("power") else [])
+    blocks += [("list", analysis["notes"])] if analysis.get("notes") else []
     blocks += config_blocks(analysis.get("config") or {}, analysis.get("grid") or {})
     for g in analysis["groups"]:
         g = {**g, "rules": analysis["rules"]}
@@ -213,6 +219,19 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
+def plain_data(obj: Any) -> Any:
+    """Plain JSON data: keys as text, numpy scalars as numbers, tuples as lists, NaN and inf as None."""
+    if isinstance(obj, dict):
+        return {str(k): plain_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain_data(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def render_figures(analysis: dict[str, Any]) -> dict[str, list[tuple[str, str, bytes | None]]]:
     """Every figure of every group: {group key: [(file stem, caption, png or None)]}."""
     from plelab.experiments.plots import FIGURES
@@ -233,10 +252,15 @@ def write_report(analysis: dict[str, Any], out_dir: str | Path, plots_dir: str |
                        plots_dir=plots_dir, overwrite=overwrite, inputs=inputs)
 
 
+RECORDS_FILE = "records.json"
+"""Beside a study's report: the per-seed data it rests on (`plelab report OUT/records.json` recomputes it)."""
+
+
 def write_pages(blocks: Sequence[Block], title: str, out_dir: str | Path, pngs: dict[str, bytes], *,
                 plots_dir: str | Path | None = None, name: str = "report", overwrite: bool = True,
-                inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/{name}.html, OUT/{name}.md and PLOTS/{stem}.png (default OUT/plots/); return the paths written.
+                inputs: Sequence[str | Path] = (), records: dict[str, Any] | None = None) -> list[Path]:
+    """Write OUT/{name}.html, OUT/{name}.md, PLOTS/{stem}.png (default OUT/plots/) and, given `records`,
+    OUT/records.json; return the paths written.
 
     Every target is checked before anything is written: none may be one of `inputs`, and without `overwrite`
     none may exist.
@@ -249,6 +273,8 @@ def write_pages(blocks: Sequence[Block], title: str, out_dir: str | Path, pngs: 
     rel = {path.stem: os.path.relpath(path, out_dir) for path in files}
     pages = {out_dir / f"{name}.html": to_html(blocks, title).encode(),
              out_dir / f"{name}.md": to_markdown(blocks, rel).encode()}
+    if records is not None:
+        pages[out_dir / RECORDS_FILE] = json.dumps(plain_data(records), indent=1, allow_nan=False).encode()
     for path in [*pages, *files]:
         check_output_path(path, overwrite=overwrite, inputs=tuple(inputs))
     plots.mkdir(parents=True, exist_ok=True)

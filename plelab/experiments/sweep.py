@@ -84,6 +84,10 @@ class SweepOptions:
     match_ffn: str = ""
     """Size each variant's FFN to the baseline's budget: one of plelab.edge.budget.BUDGETS (ffn_params,
     inference_bytes, active_flops); empty = every variant keeps the width its config gives."""
+    plan: str = ""
+    """The study's analysis plan file (plelab.experiments.plan), relative to the sweep file: hashed into the
+    sweep database before the first run, fixed from then on; `plelab report` computes its verdicts. Empty = none
+    (every verdict a report prints is then post hoc)."""
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -372,6 +376,8 @@ def load_sweep(source: str | Path | dict[str, Any], overrides: list[str] | None 
     options = from_dict(SweepOptions, data.get("sweep", {}), prefix="sweep.")
     if not options.name:
         options.name = path.stem if path is not None else "sweep"
+    if options.plan and path is not None and not Path(options.plan).is_absolute():
+        options.plan = str((path.parent / options.plan).resolve())
     folder = Path(out or options.out or Path("runs") / options.name)
     grid = _grid_lists(data.get("grid", {}))
     base = data.get("base", {})

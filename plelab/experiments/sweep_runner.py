@@ -328,9 +328,14 @@ def prepare(sweep: Sweep, restart_changed: bool = False) -> tuple[SweepStore, li
 
     Returns the store and messages for the user; nothing is written before the config check passes.
     """
+    from plelab.experiments.plan import load_plan, register_plan
+
+    plan = load_plan(sweep.options.plan) if sweep.options.plan else None  # a bad plan file: refused before any write
     sweep.folder.mkdir(parents=True, exist_ok=True)
     store = SweepStore(sweep.db_path)
     try:
+        if plan is not None:  # registered (or checked unchanged) before any run of this invocation starts
+            register_plan(store, plan, sweep.options.plan)
         messages = reconcile_configs(sweep, store, restart_changed)
         atomic_write_bytes(sweep.folder / RESOLVED_FILE, json.dumps(sweep.resolved_dict(), indent=2).encode())
         store.set_meta(name=sweep.options.name, source=sweep.source, overrides=sweep.overrides, grid=sweep.grid,
@@ -440,10 +445,13 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
     """Every run's state (done / running / interrupted / pending / failed), progress and headline numbers."""
     import socket
 
-    rows = {}
+    from plelab.experiments.plan import registered_plan, status_of
+
+    rows, plan = {}, None
     if sweep.db_path.is_file():
         with SweepStore(sweep.db_path) as store:
             rows = {r["name"]: r for r in store.runs(in_grid_only=False)}
+            plan = registered_plan(store)
     runs, counts = [], {}
     for point in sweep.points:
         row = rows.pop(point.name, None) or {}
@@ -469,4 +477,6 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
         "runs": runs, "counts": counts, "total": len(runs),
         "progress": done_steps / total_steps if total_steps else 1.0,
         "not_in_grid": sorted(rows),
+        "plan": None if plan is None else {"status": status_of(plan), "sha256": plan["sha256"],
+                                           "source": plan["source"]},
     }

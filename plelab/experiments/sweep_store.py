@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS evals (
     run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
     domain TEXT NOT NULL,
-    loss REAL, bpb REAL, tokens INTEGER,
+    loss REAL, bpb REAL, tokens INTEGER, loss_se REAL, windows INTEGER, sample TEXT,
     PRIMARY KEY (run, domain)
 );
 CREATE TABLE IF NOT EXISTS timeline (
@@ -53,7 +53,9 @@ CREATE TABLE IF NOT EXISTS timeline (
     PRIMARY KEY (run, step, domain)
 );
 """
-# CREATE TABLE IF NOT EXISTS: a database written before a table existed gains it, empty, when opened.
+# CREATE TABLE IF NOT EXISTS: a database written before a table existed gains it, empty, when opened; a column
+# added later is added to an older table by ADDED_COLUMNS (NULL in the rows written before it).
+ADDED_COLUMNS = {"evals": (("loss_se", "REAL"), ("windows", "INTEGER"), ("sample", "TEXT"))}
 
 # Columns of `runs` filled from a finished run's result summary (see sweep_runner.collect_result).
 RESULT_COLUMNS = (
@@ -99,6 +101,11 @@ class SweepStore:
             self.db.execute("PRAGMA foreign_keys=ON")
             with self.db:
                 self.db.executescript(SCHEMA)
+                for table, columns in ADDED_COLUMNS.items():
+                    have = {r["name"] for r in self.db.execute(f"PRAGMA table_info({table})")}
+                    for name, kind in columns:
+                        if name not in have:
+                            self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
         except sqlite3.DatabaseError as exc:
             self.db.close()
             raise PlelabError(f"{self.path} is not a readable sweep database ({exc}); move it aside to start "
@@ -174,8 +181,10 @@ class SweepStore:
                 (time.time(), json.dumps(result), *values, name))
             self.db.execute("DELETE FROM evals WHERE run = ?", (name,))
             self.db.executemany(
-                "INSERT INTO evals (run, domain, loss, bpb, tokens) VALUES (?, ?, ?, ?, ?)",
-                [(name, d, r.get("loss"), r.get("bpb"), r.get("tokens")) for d, r in sorted(domains)])
+                "INSERT INTO evals (run, domain, loss, bpb, tokens, loss_se, windows, sample) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(name, d, r.get("loss"), r.get("bpb"), r.get("tokens"), r.get("loss_se"), r.get("windows"),
+                  r.get("sample")) for d, r in sorted(domains)])
             self.db.execute("DELETE FROM timeline WHERE run = ?", (name,))
             self.db.executemany(
                 "INSERT INTO timeline (run, step, tokens, domain, loss, bpb) VALUES (?, ?, ?, ?, ?, ?)",
@@ -215,10 +224,16 @@ class SweepStore:
         return row["status"] if row else None
 
     def evals(self) -> dict[str, dict[str, dict[str, float]]]:
-        """{run: {domain: {loss, bpb, tokens}}} of the final evaluations."""
+        """{run: {domain: {loss, bpb, tokens, loss_se, windows, sample}}} of the final evaluations.
+
+        `sample` is how the tokens were picked (plelab.inference.evaluate); None for a row recorded before it
+        was stored (a text domain was then read from its start: "head").
+        """
         out: dict[str, dict[str, dict[str, float]]] = {}
         for r in self.db.execute("SELECT * FROM evals ORDER BY run, domain"):
-            out.setdefault(r["run"], {})[r["domain"]] = {"loss": r["loss"], "bpb": r["bpb"], "tokens": r["tokens"]}
+            out.setdefault(r["run"], {})[r["domain"]] = {
+                "loss": r["loss"], "bpb": r["bpb"], "tokens": r["tokens"], "loss_se": r["loss_se"],
+                "windows": r["windows"], "sample": r["sample"]}
         return out
 
     def timeline(self) -> dict[str, list[dict[str, Any]]]:

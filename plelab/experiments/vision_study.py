@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from plelab import stats
 from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
-from plelab.experiments.ffn_study import load_study, mean_se, paired_delta, significance
+from plelab.experiments.ffn_study import load_study
 from plelab.experiments.report import Block, fmt, pm, write_pages
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
@@ -40,8 +41,9 @@ RULES = {
     "pairing": "Δ = config − no visual PLE, run by run with the same seed (same trunk init and image order); "
                "mean ± s.e. = sd/√n over the paired seeds",
     "helps": "a config helps when its paired Δ is significantly below 0 and hurts when significantly above: "
-             "|mean| > t(0.975, n−1) × s.e. (two-sided 5 % paired t-test; t = 4.30 for 3 seeds); fewer than "
-             "2 paired seeds: no test",
+             "two-sided 5 % paired t test over the seeds (t = 4.30 s.e. for 3 seeds), Holm-corrected over every "
+             "config compared with no visual PLE (one family); fewer than 2 paired seeds: no test. Not significant "
+             "is 'not resolved' (95 % CI printed), never 'no difference'",
     "structured": "a config's table is structured when every diagnosed seed's table is structured by the "
                   "diagnostics' rule (below), random-like when every seed's is random-like, mixed otherwise",
     "best_tokenizer": "the tokenizer with the highest bias-corrected MI(patch id; digit label) on the held-out "
@@ -54,7 +56,9 @@ RULES = {
                     "initial table), significantly by the paired t-test above",
     "fix": "the fix (best tokenizer + aux loss λ) turns the table structured when the effective rank of its centred "
            "change is significantly below that of the same corpus without the aux loss (paired by seed, the test "
-           "above); it beats no visual PLE when it helps (rule above)",
+           "above: the direction set before the runs); it beats no visual PLE when it helps (rule above). A "
+           "significantly *higher* rank (ids spread apart) is reported too, labelled post hoc: that direction was "
+           "chosen after the runs",
     **{f"diagnostics_{k}": v for k, v in DIAGNOSTIC_RULES.items()},
 }
 
@@ -97,7 +101,7 @@ def _table_summary(diags: Sequence[dict[str, Any]]) -> dict[str, Any]:
         verdicts[v] = verdicts.get(v, 0) + 1
     abl = [d["ablation"]["delta"] for d in diags if d.get("ablation")]
     ratios = [_mean(list(d.get("injection_ratio", {}).values())) for d in diags]
-    abl_mean, abl_se = mean_se(abl) if abl else (None, None)
+    abl_mean, abl_se = stats.mean_se(abl) if abl else (None, None)
     return {"views": views, "random_like_seeds": sum(bool(f) for f in known), "diagnosed": len(diags),
             "structured": structured, "verdicts": verdicts, "ablation_delta": abl_mean, "ablation_se": abl_se,
             "injection_ratio": _mean(ratios)}
@@ -114,18 +118,19 @@ def analyze_vision_study(finals: dict[str, dict[int, dict[str, dict[str, float]]
     losses = {v: {s: e[DOMAIN]["loss"] for s, e in finals.get(v, {}).items() if DOMAIN in e} for v in variants}
     rows = {}
     for v in variants:
-        mean, se = mean_se(list(losses[v].values())) if losses[v] else (None, None)
+        mean, se = stats.mean_se(list(losses[v].values())) if losses[v] else (None, None)
         row: dict[str, Any] = {"variant": v, **facts.get(v, {}), "n": len(losses[v]), "loss": mean, "loss_se": se,
                                "per_seed": losses[v]}
         if v != baseline:
-            d = paired_delta(losses.get(baseline, {}), losses[v])
-            sig = significance(d["delta"], d["se"], d["n"])
-            row.update(delta=d["delta"] if d["n"] else None, delta_se=d["se"], delta_n=d["n"], delta_sig=sig,
-                       helps={-1: True, 0: False, 1: False, None: None}[sig])
+            d = stats.paired(losses.get(baseline, {}), losses[v])
+            test = stats.t_test(d["mean"], d["se"], d["n"])
+            row.update(delta=d["mean"] if d["n"] else None, delta_se=d["se"], delta_n=d["n"], delta_p=test["p"],
+                       delta_ci95=stats.t_interval(d["mean"], d["se"], d["n"]))
         seeds = {s: x for s, x in (diagnostics.get(v) or {}).items() if x.get("visual_ple")}
         row["table"] = _table_summary(list(seeds.values())) if seeds else None
         row["change_rank"] = {s: _rank_fraction(x) for s, x in seeds.items() if _finite(_rank_fraction(x))}
         rows[v] = row
+    _holm_helps(rows, baseline)
     control = next((v for v, r in rows.items() if r.get("tokenizer") == "random" and r.get("ple_dim")
                     and not r.get("aux_weight")), None)
     for v, row in rows.items():
@@ -140,6 +145,17 @@ def analyze_vision_study(finals: dict[str, dict[int, dict[str, dict[str, float]]
     return analysis
 
 
+def _holm_helps(rows: dict[str, dict[str, Any]], baseline: str, alpha: float = stats.ALPHA) -> None:
+    """helps / hurts per config from its paired Δ vs no visual PLE, Holm-corrected over every config (RULES)."""
+    names = [v for v in rows if v != baseline]
+    adjusted = stats.holm([rows[v].get("delta_p") for v in names], alpha)["adjusted"]
+    for v, p in zip(names, adjusted, strict=True):
+        row = rows[v]
+        sig = None if p is None else 0 if p >= alpha else (1 if row["delta"] > 0 else -1)
+        row.update(delta_p_holm=p, delta_sig=sig, helps={-1: True, 0: False, 1: False, None: None}[sig],
+                   outcome={1: "hurts", -1: "helps", 0: "not resolved", None: "n/a"}[sig])
+
+
 def _rank_fraction(diag: dict[str, Any]) -> float | None:
     """Effective rank of the table's centred change since initialisation, as a fraction of its maximum."""
     h = headline(diag["table"], "delta")
@@ -148,10 +164,10 @@ def _rank_fraction(diag: dict[str, Any]) -> float | None:
 
 def _structure_test(reference: dict[int, float], config: dict[int, float]) -> dict[str, Any]:
     """Paired (by seed) change in effective-rank fraction vs a reference; structured = significantly lower."""
-    d = paired_delta(reference, config)
-    sig = significance(d["delta"], d["se"], d["n"])
-    return {"delta": d["delta"] if d["n"] else None, "se": d["se"], "n": d["n"],
-            "structured": None if sig is None else sig == -1}
+    d = stats.paired(reference, config)
+    sig = stats.significance(d["mean"], d["se"], d["n"])
+    return {"delta": d["mean"] if d["n"] else None, "se": d["se"], "n": d["n"],
+            "structured": None if sig is None else sig == -1, "spread_apart": None if sig is None else sig == 1}
 
 
 def _is_tokenizer_config(row: dict[str, Any]) -> bool:
@@ -175,14 +191,15 @@ def _fix_effect(rows: dict[str, dict[str, Any]], variant: str, baseline: str) ->
                 and r.get("ple_dim") and not r.get("aux_weight")), None)
     mine = (row.get("table") or {}).get("structured")
     theirs = (ref.get("table") or {}).get("structured") if ref else None
-    vs_ref = paired_delta(ref["per_seed"], row["per_seed"]) if ref else None
+    vs_ref = stats.paired(ref["per_seed"], row["per_seed"]) if ref else None
     rank = _structure_test(ref["change_rank"], row["change_rank"]) if ref else None
     return {"variant": variant, "aux_weight": row.get("aux_weight"), "tokenizer": row.get("tokenizer"),
             "reference": ref["variant"] if ref else None, "structured": mine, "reference_structured": theirs,
             "change_rank_vs_reference": rank,
             "turned_structured": None if rank is None else rank["structured"],
+            "spread_apart_post_hoc": None if rank is None else rank["spread_apart"],
             "helps": row.get("helps"), "delta": row.get("delta"), "delta_se": row.get("delta_se"),
-            "delta_vs_reference": vs_ref["delta"] if vs_ref and vs_ref["n"] else None,
+            "delta_vs_reference": vs_ref["mean"] if vs_ref and vs_ref["n"] else None,
             "delta_vs_reference_se": vs_ref["se"] if vs_ref else None}
 
 
@@ -194,8 +211,10 @@ def _conclusions(a: dict[str, Any]) -> list[str]:
         random_like = [r["variant"] for r in toks if (r.get("table") or {}).get("structured") == "random-like"]
         beyond = [r["variant"] for r in toks if (r.get("vs_control") or {}).get("structured")]
         tested = [r for r in toks if (r.get("vs_control") or {}).get("structured") is not None]
+        hurt = [r["variant"] for r in toks if r.get("delta_sig") == 1]
         out.append(f"Visual PLE without the aux loss: {len(helped)}/{len(toks)} configs lower the caption loss "
-                   f"significantly vs no visual PLE ({', '.join(helped) or 'none'}); tables random-like vs a "
+                   f"significantly vs no visual PLE ({', '.join(helped) or 'none'}), {len(hurt)}/{len(toks)} raise it "
+                   f"({', '.join(hurt) or 'none'}; Holm over every config); tables random-like vs a "
                    f"Gaussian table in {len(random_like)}/{len(toks)} ({', '.join(random_like) or 'none'}); id "
                    f"structure beyond the random-id control ({a.get('control') or 'absent'}) in "
                    f"{len(beyond)}/{len(tested)} tested ({', '.join(beyond) or 'none'}).")
@@ -209,7 +228,11 @@ def _conclusions(a: dict[str, Any]) -> list[str]:
     for f in fixes:
         table = {True: "turned the table structured", False: "did not turn the table structured",
                  None: "table effect unknown (not diagnosed)"}[f["turned_structured"]]
+        if f.get("spread_apart_post_hoc"):
+            table += " (post hoc, not the pre-set rule: the rank went significantly up, the ids spread apart)"
         loss = {True: "beats", False: "does not beat", None: "cannot yet be compared with"}[f["helps"]]
+        if f["helps"] is False:
+            loss = "is not resolved from" if rows[f["variant"]].get("delta_sig") == 0 else "does not beat"
         rank = f.get("change_rank_vs_reference") or {}
         out.append(f"Fix {f['variant']} (λ = {f['aux_weight']:g}): {table} (effective-rank fraction of the change "
                    f"vs {f['reference']}: {fmt(rank.get('delta'), '+.3f')} ± {fmt(rank.get('se'), '.3f')}; vs a "
@@ -276,25 +299,53 @@ def run_diagnostics(folder: str | Path, run_dirs: dict[tuple[str, int], str],
     return out
 
 
-def study_analysis(folder: str | Path, progress=lambda msg: None) -> dict[str, Any]:
-    """Load the sweep, diagnose (or read the cache), analyse."""
+RECORDS_KIND = "visual-ple-study"
+"""records.json's `kind` for this study (plelab report RECORDS.json dispatches on it)."""
+
+
+def study_records(folder: str | Path, progress=lambda msg: None, plan: str | Path | None = None) -> dict[str, Any]:
+    """Everything the analysis rests on, per seed (losses, config facts, table diagnostics, the plan's inputs), as
+    plain data: what a report commits as records.json so that anyone can recompute it without the sweep folder."""
+    from plelab.experiments.plan import plan_inputs
+
     data = load_study(folder)
     corpora = read_corpora(data["configs"])
-    facts = {v: config_facts(cfg, corpora) for v, cfg in data["configs"].items()}
-    diags = run_diagnostics(folder, data["run_dirs"], progress)
-    analysis = analyze_vision_study(data["finals"], data["baseline"], data["variants"], facts, diags)
-    return {"sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
-            "total_runs": data["total_runs"], **analysis}
+    return {"kind": RECORDS_KIND, "sweep": data["sweep"], "folder": data["folder"], "counts": data["counts"],
+            "total_runs": data["total_runs"], "baseline": data["baseline"], "variants": data["variants"],
+            "finals": data["finals"], "facts": {v: config_facts(cfg, corpora) for v, cfg in data["configs"].items()},
+            "diagnostics": run_diagnostics(folder, data["run_dirs"], progress),
+            "plan_inputs": plan_inputs(folder, plan)}
+
+
+def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
+    """The analysis from study_records' data (a sweep folder's or a committed records.json's)."""
+    from plelab.experiments.plan import plan_from_inputs
+
+    analysis = analyze_vision_study(_seed_keys(rec["finals"]), rec["baseline"], rec["variants"], rec["facts"],
+                                    _seed_keys(rec["diagnostics"]))
+    return {**{k: rec[k] for k in ("sweep", "folder", "counts", "total_runs")}, **analysis,
+            "plan": plan_from_inputs(rec["plan_inputs"])}
+
+
+def _seed_keys(by_variant: dict[str, dict[Any, Any]]) -> dict[str, dict[int, Any]]:
+    """{variant: {seed: ...}} with integer seeds (JSON turned them into strings)."""
+    return {v: {int(s): x for s, x in seeds.items()} for v, seeds in by_variant.items()}
+
+
+def study_analysis(folder: str | Path, progress=lambda msg: None, plan: str | Path | None = None) -> dict[str, Any]:
+    """analysis_from_records(study_records(...)) for a sweep folder: diagnoses (or reads the cache), analyses."""
+    return analysis_from_records(study_records(folder, progress, plan))
 
 
 # ----------------------------------------------------------------------------------------------- the report
 def _delta(row: dict[str, Any]) -> str:
     if row.get("delta") is None:
         return "-"
-    mark = {True: " (helps)", False: "", None: ""}[row.get("helps")]
-    if row.get("delta_sig") == 1:
-        mark = " (hurts)"
-    return f"{fmt(row['delta'], '+.4f')} ± {fmt(row.get('delta_se'))}{mark}"
+    ci = row.get("delta_ci95")
+    interval = f" [{fmt(ci[0], '+.4f')}, {fmt(ci[1], '+.4f')}]" if ci else ""
+    p = f", p {fmt(row.get('delta_p'), '.2g')} (Holm {fmt(row.get('delta_p_holm'), '.2g')})" if row.get("delta_p") \
+        is not None else ""
+    return f"{fmt(row['delta'], '+.4f')} ± {fmt(row.get('delta_se'))}{interval}{p}: {row.get('outcome', 'n/a')}"
 
 
 def _vs(test: dict[str, Any] | None) -> str:
@@ -391,10 +442,15 @@ def published_blocks(a: dict[str, Any]) -> list[Block]:
 def vision_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     """The whole report."""
     counts = ", ".join(f"{n} {k}" for k, n in sorted(a["counts"].items()))
+    from plelab.experiments.plan_report import plan_blocks, power_blocks
+
+    plan = a.get("plan") or {}
     blocks: list[Block] = [
         ("h", 1, f"Visual PLE study: {a['sweep']}"),
         ("p", f"Sweep folder `{a['folder']}`; runs: {counts} of {a['total_runs']}."),
-        ("h", 2, "Conclusions"), ("list", a["conclusions"] or ["No finished runs yet."]),
+        *plan_blocks(plan), *(power_blocks(plan["power"]) if plan.get("power") else []),
+        ("h", 2, "Conclusions (post hoc unless registered above)"),
+        ("list", a["conclusions"] or ["No finished runs yet."]),
     ]
     blocks += loss_blocks(a) + table_blocks(a) + fix_blocks(a) + published_blocks(a)
     blocks += [("h", 2, "Plots")] + [("img", stem, caption, figures[stem]) for stem, caption in FIGURE_CAPTIONS
@@ -453,25 +509,27 @@ def vision_figures(a: dict[str, Any]) -> dict[str, bytes]:
 
 
 def write_vision_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite: bool = True,
-                        inputs: Sequence[str | Path] = ()) -> list[Path]:
-    """Write OUT/report.md, OUT/report.html and the PNGs under OUT/plots/; return the paths."""
+                        inputs: Sequence[str | Path] = (), records: dict[str, Any] | None = None) -> list[Path]:
+    """Write OUT/report.md, OUT/report.html, the PNGs under OUT/plots/ and, given the study's records,
+    OUT/records.json; return the paths."""
     figures = vision_figures(analysis)
     return write_pages(vision_blocks(analysis, figures), f"plelab visual PLE study: {analysis['sweep']}", out_dir,
-                       figures, overwrite=overwrite, inputs=inputs)
+                       figures, overwrite=overwrite, inputs=inputs, records=records)
 
 
 def run_vision_report(folder: str | Path, out: str | Path | None, *, overwrite: bool = False,
-                      as_json: bool = False) -> int:
+                      as_json: bool = False, plan: str | Path | None = None) -> int:
     """`plelab report DIR` on a vision sweep: diagnose (cached), analyse, write, print."""
     from plelab.cli.common import print_json
     from plelab.experiments.sweep import RESOLVED_FILE
 
     folder = Path(folder)
-    analysis = study_analysis(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True))
+    records = study_records(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True), plan)
+    analysis = analysis_from_records(records)
     target = Path(out or folder)
     own = target.resolve() == folder.resolve()
     paths = write_vision_report(analysis, target, overwrite=own or overwrite,
-                                inputs=(folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE))
+                                inputs=(folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE), records=records)
     if as_json:
         print_json(jsonable(analysis))
     else:

@@ -26,9 +26,9 @@ RUN_FILES = (CONFIG_FILE, METRICS_FILE, HISTORY_FILE)
 """Files the trainer itself writes at the top of a run directory (plus checkpoints/)."""
 
 RESUMABLE_FIELDS = (
-    "max_steps", "log_every", "eval_every", "eval_tokens", "ckpt_every", "keep_checkpoints", "max_bad_steps",
-    "diagnostics_every", "tensorboard", "wandb", "device", "parallel", "activation_checkpointing", "compile",
-    "pin_memory",
+    "max_steps", "log_every", "eval_every", "eval_tokens", "eval_sample", "ckpt_every", "keep_checkpoints",
+    "max_bad_steps", "diagnostics_every", "tensorboard", "wandb", "device", "parallel", "activation_checkpointing",
+    "compile", "pin_memory",
 )
 """Settings `--resume` may change (each change is recorded in config_history.jsonl). Everything else (model
 shape, data, batch, learning-rate schedule, seed, dtype, ...) defines what the checkpoint's state means, so

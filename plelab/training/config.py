@@ -78,7 +78,13 @@ class TrainConfig:
     eval_every: int = 0
     """Evaluate on eval_data every N steps (0 = only at the end)."""
     eval_tokens: int = 16384
-    """Cap on tokens per domain for evaluations during training."""
+    """Cap on tokens per domain for evaluations during training (picked as eval_sample says)."""
+    eval_sample: str = "spread"
+    """Which tokens a capped evaluation scores, per domain (the held-out split included): "spread" = windows
+    evenly spaced through the whole domain (the same for every run), "head" = the first whole documents that
+    fit (a run recorded before this field existed used this, whatever its config says now: results record the
+    sample used), "all" = every token, eval_tokens ignored. Each domain's result carries its evaluation noise
+    (loss_se over the scored windows)."""
     eval_timeline: int = 0
     """Also evaluate on eval_data at this many log-spaced steps (so token counts) from the end of warmup
     (step max(1, warmup_steps)) to max_steps, both included: the gap timeline sweeps record (0 = off; else
@@ -127,6 +133,8 @@ class TrainConfig:
             raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.parallel not in ("none", "ddp", "fsdp"):
             raise ConfigError(f"parallel must be none, ddp or fsdp, got {self.parallel!r}")
+        if self.eval_sample not in ("spread", "head", "all"):
+            raise ConfigError(f"eval_sample must be spread, head or all, got {self.eval_sample!r}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if self.vision.enabled:

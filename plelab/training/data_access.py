@@ -15,13 +15,22 @@ from plelab.errors import PlelabError
 from plelab.util.device import host_to_device
 
 
-def split_as_domain(dataset: TokenDataset, max_tokens: int, name: str = "val") -> EvalDomain:
-    """A prepared split (e.g. the held-out `val`) as one evaluation domain; bytes pro rata from the manifest."""
-    n = min(len(dataset), max_tokens + 1)
-    tokens = dataset.get(0, n)
+def split_as_domain(dataset: TokenDataset, name: str = "val") -> EvalDomain:
+    """A whole prepared split (e.g. the held-out `val`) as one evaluation domain, documents cut at EOT.
+
+    Laid out like a domain file (EOT, doc 1, EOT, doc 2, EOT, ...), so an evaluation can sample windows over all
+    of it (evaluate.sample_windows). The manifest has the split's bytes, not each document's: bytes are shared
+    out pro rata by tokens (bits per byte of the whole split is exact, of a part an estimate). Runs recorded
+    before this evaluated its first eval_tokens + 1 tokens as one piece.
+    """
+    stream = dataset.get(0, len(dataset))
+    tokens = np.concatenate([[dataset.eot_id], stream]).astype(np.int64)
+    ends = np.flatnonzero(tokens[1:] == dataset.eot_id) + 2  # each document's trailing EOT, counted as its end
+    if not len(ends) or ends[-1] != len(tokens):
+        ends = np.append(ends, len(tokens))
     total_bytes = int(dataset.manifest["splits"][dataset.split]["bytes"])
-    n_bytes = max(1, round(total_bytes * n / len(dataset)))
-    return EvalDomain(name, tokens, n_bytes, np.array([n]), np.array([n_bytes]))
+    byte_ends = np.round(total_bytes * (ends - 1) / max(len(tokens) - 1, 1)).astype(np.int64)
+    return EvalDomain(name, tokens, max(1, total_bytes), ends.astype(np.int64), byte_ends)
 
 
 class TrainingData:
@@ -47,7 +56,7 @@ class TrainingData:
             self.eval_domains = load_eval_domains(cfg.eval_data, tokenizer, cache)
         if HELDOUT_DOMAIN not in self.eval_domains:  # the in-domain held-out split too, when it was prepared
             try:
-                self.eval_domains[HELDOUT_DOMAIN] = split_as_domain(TokenDataset(cfg.data, "val"), cfg.eval_tokens)
+                self.eval_domains[HELDOUT_DOMAIN] = split_as_domain(TokenDataset(cfg.data, "val"))
             except PlelabError:
                 pass
 

@@ -127,7 +127,7 @@ class Evaluator(Callback):
         cfg = trainer.config
         return evaluate_domains(
             trainer.model, trainer.data.eval_domains, cfg.context, cfg.batch_size,
-            max_tokens=max_tokens, autocast=autocast_context(trainer.device, cfg.dtype),
+            max_tokens=max_tokens, autocast=autocast_context(trainer.device, cfg.dtype), sample=cfg.eval_sample,
         )
 
     def evaluate(self, trainer: Any, max_tokens: int | None = None) -> dict[str, Any] | None:

@@ -58,9 +58,12 @@ def test_choose_rule_finds_the_signal_that_separates_and_the_earliest_fraction()
     assert rule["fraction"] == 0.2 and rule["signal"] in ("injection_ratio", "injection_recovery")
     assert rule["fit_accuracy"] == 1.0
     held_out = [run(True, 0.9), run(False, 0.05), run(True, 0.2)]
-    assert evaluate_rule(rule, held_out) == {"correct": 3, "n": 3, "accuracy": 1.0, "missing": 0,
-                                             "confusion": {"predicted alive, final alive": 2,
-                                                           "predicted not alive, final not alive": 1}}
+    result = evaluate_rule(rule, held_out)
+    base = result.pop("base_rate")
+    assert result == {"correct": 3, "n": 3, "accuracy": 1.0, "missing": 0,
+                      "confusion": {"predicted alive, final alive": 2, "predicted not alive, final not alive": 1}}
+    # Beside the base-rate rule (the fit runs' majority; a tie goes to the first run's class, alive): 2/3.
+    assert rule["majority"] == "alive" and (base["base_correct"], base["beats_base_rate"]) == (2, True)
     assert "at 20% of training" in describe_rule(rule)
 
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from plelab.experiments.analysis import classify_steps, conclusion, domain_table, mean_std, seed_table
+from plelab.experiments.analysis import classify_steps, conclusion, domain_table, seed_table
+from plelab.stats import mean_std
 
 
 def runs(curve: dict[int, list[float]]) -> list[dict]:

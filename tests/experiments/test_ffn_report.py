@@ -25,12 +25,23 @@ GAPS = (0.08, 0.0, 0.18, 0.10, 0.04)  # the published shape: closes, then reopen
 WOBBLE = {1: 0.002, 2: -0.003, 3: 0.001}
 
 
+PLAN = {"plan": {"name": "ffn-test", "margin": 0.02, "effect_of_interest": 0.041,
+                 "comparisons": [{"name": "mglu_val", "variant": "mglu", "reference": "swiglu", "metric": "val",
+                                  "predicted": "worse", "decisions": {"worse": "MGLU costs loss here"}},
+                                 {"name": "mglu_macro", "variant": "mglu", "reference": "swiglu",
+                                  "metric": "macro", "predicted": "equivalent"}]}}
+"""A plan registered before the constructed runs: the study's margin (0.02 nats) lets a gap be called closed."""
+
+
 def fake_study(folder: Path, variants: dict, done: tuple[str, ...] = ("swiglu", "mglu"),
-               grid: dict | None = None) -> Path:
+               grid: dict | None = None, plan: dict | None = PLAN) -> Path:
     """A variant sweep on the tiny preset whose `done` variants finished with constructed evaluations.
 
-    mglu = swiglu + 0.04 on every domain (+ a small per-seed wobble); its timeline gap follows GAPS.
+    mglu = swiglu + 0.04 on every domain (+ a small per-seed wobble); its timeline gap follows GAPS. `plan` is
+    registered before any run is marked done (None: no plan).
     """
+    from plelab.experiments.plan import load_plan, register_plan
+
     sweep = load_sweep({"sweep": {"out": str(folder), "baseline": "swiglu"},
                         "base": {"model": {"preset": "tiny"}, "max_steps": 10},
                         "grid": grid or {"seed": list(SEEDS)}, "variants": variants})
@@ -39,6 +50,8 @@ def fake_study(folder: Path, variants: dict, done: tuple[str, ...] = ("swiglu", 
     with SweepStore(sweep.db_path) as store:
         store.set_meta(name="ffn-test", grid=sweep.grid)
         store.sync_points(sweep.points)
+        if plan is not None:
+            register_plan(store, load_plan(plan), "plan.toml")
         for p in sweep.points:
             if p.variant not in done:
                 continue
@@ -93,7 +106,8 @@ def test_markdown_and_html_report_with_plots_rules_and_the_published_table(study
     assert "mglu: macro Δ +0.04" in printed and "uniform degradation" in printed
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
     for text in ("Variants", "Rules", "Per-domain Δ vs `swiglu` (loss)", "Per-domain Δ vs `swiglu` (bits per byte)",
-                 "Gap timeline", "Published result (SPEC §5) beside this study", "t(0.975, n−1)",
+                 "Gap timeline", "Published result (SPEC §5) beside this study", "two-sided paired t test",
+                 "Registered analysis", "Power before compute", "MGLU costs loss here",
                  "**illusory convergence**", "uniform degradation (16/16 worse)", "val (held-out split"):
         assert text in md, text
     assert "en_math" in md and "1.6904 → 1.7353" in md
@@ -167,3 +181,18 @@ def test_a_grid_over_more_than_seeds_is_refused_in_one_line(tmp_path, capsys):
     assert main(["report", str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pairs variants by seed, but this sweep's grid also varies lr" in err
+
+
+def test_the_report_commits_its_per_seed_records_and_recomputes_from_them(study, tmp_path, capsys):
+    """A reviewer without the sweep folder regenerates the report, verdicts included, from records.json alone."""
+    out = tmp_path / "docs"
+    assert main(["report", str(study), "--out", str(out)]) == 0
+    records = json.loads((out / "records.json").read_text())
+    assert records["kind"] == "ffn-study" and set(records["finals"]["mglu"]) == {"1", "2", "3"}
+    assert records["plan_inputs"]["record"]["plan"]["name"] == "ffn-test"
+    capsys.readouterr()
+    again = tmp_path / "again"
+    assert main(["report", str(out / "records.json"), "--out", str(again)]) == 0
+    assert (again / "report.md").read_text() == (out / "report.md").read_text()
+    assert main(["report", str(out / "report.md")]) == 2  # not a records file: one line
+    assert "not a readable records file" in capsys.readouterr().err

@@ -174,4 +174,8 @@ def test_plelab_report_on_a_vision_sweep_diagnoses_once_and_caches(monkeypatch, 
     monkeypatch.setattr("plelab.vision.diagnostics.diagnose_run", fail)
     assert main(["report", str(tmp_path / "sweep"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"]["fix"]["table"]["diagnosed"] == 2
+    # records.json beside the report: the report and its verdicts recomputed from it alone, no run folders.
+    assert main(["report", str(tmp_path / "sweep" / "records.json"), "--out", str(tmp_path / "again")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "again" / "report.md").read_text() == (tmp_path / "sweep" / "report.md").read_text()
     assert main(["report", str(tmp_path / "sweep"), "--measure-decode"]) == 2  # the FFN study's option

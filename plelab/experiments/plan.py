@@ -1,0 +1,371 @@
+"""Pre-registered analysis plans: what a study will conclude from which outcome, fixed before its first run.
+
+A plan file (TOML/YAML/JSON, `[sweep] plan = "FILE"` in the sweep file, relative to it) states the metrics, the
+test level, the equivalence margins, the correction for several comparisons, the predicted outcome of each
+comparison and the decision each outcome leads to. `plelab sweep` hashes it into the sweep database before the
+first run starts; a plan changed after a run has started is refused. `plelab report` computes the verdicts of
+the registered plan (`evaluate_plan`) and labels everything else it prints post hoc.
+
+    [plan]
+    name = "ffn-study-2"
+    question = "Is MGLU uniformly worse once the FFN matters?"
+    margin = 0.02                   # nats: the study's equivalence margin (a comparison may set its own)
+    effect_of_interest = 0.041      # nats: what `plelab sweep --power` sizes the study for
+    [[plan.comparisons]]
+    name = "narrow_vs_full"
+    variant = "swiglu_narrow"       # the arm: a [variants] name and/or grid values (where = {...})
+    reference = "swiglu"
+    metric = "val"                  # an evaluation domain, or "macro" (the domains other than the held-out split)
+    predicted = "worse"
+    decisions = { worse = "the FFN matters here: run MGLU", "not resolved" = "...", equivalent = "..." }
+
+The canonical hash is taken over the parsed plan (sorted JSON), so comments and layout can change, content cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plelab import stats
+from plelab.data.prepare import HELDOUT_DOMAIN
+from plelab.errors import PlelabError
+from plelab.util.dataclass_config import ConfigError, from_dict, read_file, to_dict
+
+PLAN_META = "analysis_plan"
+"""The sweep database's meta key holding the registered plan."""
+MACRO = "macro"
+"""The metric name for the mean over the evaluation domains other than the held-out split."""
+PREDICTIONS = ("", "worse", "better", "equivalent")
+DECISION_KEYS = ("worse", "better", "equivalent", "not resolved", "worse, within margin", "better, within margin")
+HITS = {"worse": ("worse", "worse, within margin"), "better": ("better", "better, within margin"),
+        "equivalent": ("equivalent", "worse, within margin", "better, within margin")}
+"""The outcomes (stats.compare) that count as the predicted one."""
+
+
+@dataclass
+class Comparison:
+    """One registered comparison: an arm against a reference, paired by seed, on one metric."""
+
+    name: str = ""
+    """A short name the report and the decisions refer to."""
+    variant: str = ""
+    """The arm's [variants] name ("" = any; then `where` selects it)."""
+    where: dict[str, Any] = field(default_factory=dict)
+    """Grid values the arm's runs have (e.g. {"model.ple.dim" = 4}), besides the seed."""
+    reference: str = ""
+    """The reference's [variants] name ("" = any; then `reference_where` selects it)."""
+    reference_where: dict[str, Any] = field(default_factory=dict)
+    """Grid values the reference's runs have (e.g. {"model.ple.dim" = 0})."""
+    metric: str = HELDOUT_DOMAIN
+    """An evaluation domain (e.g. "val", "captions") or "macro"."""
+    margin: float = 0.0
+    """Equivalence margin in the metric's unit; 0 = the plan's margin (and with none, equivalence is not tested)."""
+    predicted: str = ""
+    """The outcome the study predicts: worse, better or equivalent ("" = no prediction)."""
+    decisions: dict[str, str] = field(default_factory=dict)
+    """Outcome -> what the study then does or concludes (keys: DECISION_KEYS)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("every comparison needs a name")
+        if not (self.variant or self.where) or not (self.reference or self.reference_where):
+            raise ConfigError(f"comparison {self.name}: give the arm (variant / where) and the reference "
+                              "(reference / reference_where)")
+        _check_common(f"comparison {self.name}", self.margin, self.predicted, self.decisions)
+
+
+@dataclass
+class DoseResponse:
+    """One registered dose-response: per-seed slopes of the paired delta on log2(dose), tested across seeds."""
+
+    name: str = ""
+    """A short name."""
+    dose: str = "model.ple.dim"
+    """The grid key that is the dose."""
+    where: dict[str, Any] = field(default_factory=dict)
+    """Grid values every run of it has (e.g. a variant or a width)."""
+    reference_dose: float = 0.0
+    """The dose each seed's deltas are taken against."""
+    metric: str = HELDOUT_DOMAIN
+    """An evaluation domain or "macro"."""
+    margin: float = 0.0
+    """Equivalence margin for the slope (per doubling); 0 = none."""
+    predicted: str = ""
+    """worse (the loss rises with the dose), better (it falls), equivalent, or ""."""
+    decisions: dict[str, str] = field(default_factory=dict)
+    """Outcome -> what the study then does or concludes."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("every dose_response needs a name")
+        _check_common(f"dose_response {self.name}", self.margin, self.predicted, self.decisions)
+
+
+@dataclass
+class AnalysisPlan:
+    """A study's analysis plan (the [plan] table)."""
+
+    name: str = ""
+    """The study's name."""
+    question: str = ""
+    """The question, in one sentence."""
+    alpha: float = 0.05
+    """Test level: two-sided for differences, per side for equivalence (TOST)."""
+    correction: str = "holm"
+    """Over every comparison and dose-response of the plan: "holm" or "none"."""
+    margin: float = 0.0
+    """The study's equivalence margin (metric units); 0 = none, so "no difference" cannot be concluded."""
+    trained_tolerance: float = 0.05
+    """Most the loss may still fall over the last doubling of tokens for a run to count as trained (nats)."""
+    effect_of_interest: float = 0.0
+    """The effect the study is sized for (`plelab sweep --power`); 0 = none given."""
+    power: float = 0.8
+    """Wanted power for the effect of interest."""
+    comparisons: list[Comparison] = field(default_factory=list)
+    """The registered comparisons."""
+    dose_responses: list[DoseResponse] = field(default_factory=list)
+    """The registered dose-responses."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("plan.name is required")
+        if not 0 < self.alpha < 0.5:
+            raise ConfigError(f"plan.alpha must be in (0, 0.5), got {self.alpha}")
+        if self.correction not in ("holm", "none"):
+            raise ConfigError(f"plan.correction must be holm or none, got {self.correction!r}")
+        if self.margin < 0 or self.effect_of_interest < 0 or self.trained_tolerance <= 0:
+            raise ConfigError("plan.margin and plan.effect_of_interest must be >= 0, plan.trained_tolerance > 0")
+        if not 0 < self.power < 1:
+            raise ConfigError(f"plan.power must be in (0, 1), got {self.power}")
+        names = [c.name for c in self.comparisons] + [d.name for d in self.dose_responses]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"plan: comparison / dose_response names must be unique, got {names}")
+        if not names:
+            raise ConfigError("plan: register at least one comparison or dose_response")
+
+
+def _check_common(where: str, margin: float, predicted: str, decisions: dict[str, str]) -> None:
+    if margin < 0:
+        raise ConfigError(f"{where}: margin must be >= 0, got {margin}")
+    if predicted not in PREDICTIONS:
+        raise ConfigError(f"{where}: predicted must be one of {', '.join(p for p in PREDICTIONS if p)}, "
+                          f"got {predicted!r}")
+    unknown = sorted(set(decisions) - set(DECISION_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown decision key(s) {unknown}; use {', '.join(DECISION_KEYS)}")
+
+
+# ------------------------------------------------------------------------------------------------ files, hash
+def load_plan(source: str | Path | dict[str, Any]) -> AnalysisPlan:
+    """Read and check a plan file (or its dict): the [plan] table."""
+    data = read_file(source) if not isinstance(source, dict) else source
+    unknown = sorted(set(data) - {"plan"})
+    if unknown or "plan" not in data:
+        raise ConfigError(f"a plan file holds one [plan] table (found: {', '.join(sorted(data)) or 'nothing'})")
+    return from_dict(AnalysisPlan, data["plan"], prefix="plan.")
+
+
+def plan_hash(plan: AnalysisPlan) -> str:
+    """sha256 of the parsed plan in canonical JSON: what is registered, and what a change is measured on."""
+    return hashlib.sha256(json.dumps(to_dict(plan), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def register_plan(store: Any, plan: AnalysisPlan, source: str) -> dict[str, Any]:
+    """Hash the plan into the sweep database before any run starts; refuse one that changed after a run started.
+
+    Returns the registration record. A plan first registered after runs had started is recorded with the count
+    (`runs_started_before`), and everything evaluated under it is post hoc.
+    """
+    digest = plan_hash(plan)
+    started = [r for r in store.runs(in_grid_only=False) if r["attempts"] or r["status"] != "pending"]
+    old = store.meta().get(PLAN_META)
+    if old is not None and old["sha256"] == digest:
+        return old
+    if old is not None and started:
+        raise PlelabError(f"analysis plan {source} changed after the first run started (registered sha256 "
+                          f"{old['sha256'][:12]} from {old['source']}, now {digest[:12]}): a registered plan is "
+                          "fixed; restore it, or start a new sweep folder for a new plan")
+    record = {"sha256": digest, "source": source, "plan": to_dict(plan), "registered_at": time.time(),
+              "runs_started_before": len(started)}
+    store.set_meta(**{PLAN_META: record})
+    return record
+
+
+def registered_plan(store: Any) -> dict[str, Any] | None:
+    """The registration record in a sweep database, or None."""
+    return store.meta().get(PLAN_META)
+
+
+def status_of(record: dict[str, Any] | None) -> str:
+    """'registered' (before the first run), 'post hoc' (after runs had started) or 'none'."""
+    if record is None:
+        return "none"
+    return "registered" if not record.get("runs_started_before") else "post hoc"
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def _metric(evals: dict[str, dict[str, Any]], metric: str) -> float | None:
+    if metric == MACRO:
+        vals = [r["loss"] for d, r in evals.items() if d != HELDOUT_DOMAIN and _finite(r.get("loss"))]
+        return sum(vals) / len(vals) if vals else None
+    value = (evals.get(metric) or {}).get("loss")
+    return float(value) if _finite(value) else None
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _matches(point: dict[str, Any], variant: str, where: dict[str, Any]) -> bool:
+    if variant and point.get("variant") != variant:
+        return False
+    return all(point.get(k) == v for k, v in where.items())
+
+
+def _per_seed(runs: Sequence[dict[str, Any]], evals: dict[str, Any], variant: str, where: dict[str, Any],
+              metric: str, notes: list[str], what: str) -> dict[Any, float]:
+    """{seed: metric} of the finished runs matching (variant, where); a seed matched twice is a note."""
+    out: dict[Any, float] = {}
+    for r in runs:
+        point = r.get("point") or {}
+        if r["status"] != "done" or not _matches(point, variant, where):
+            continue
+        value = _metric(evals.get(r["name"], {}), metric)
+        if value is None:
+            continue
+        if r["seed"] in out:
+            notes.append(f"{what}: several runs match seed {r['seed']}; narrow its where")
+        out[r["seed"]] = value
+    return out
+
+
+def _result(item: Any, test: dict[str, Any], kind: str, extra: dict[str, Any]) -> dict[str, Any]:
+    outcome = test["outcome"]
+    decision = item.decisions.get(outcome)
+    if decision is None and outcome.endswith("within margin"):
+        decision = item.decisions.get("equivalent")
+    if not item.predicted or outcome == "n/a":
+        verdict = None
+    elif outcome == "not resolved":
+        verdict = "unresolved"
+    else:
+        verdict = "hit" if outcome in HITS[item.predicted] else "miss"
+    return {"name": item.name, "kind": kind, "metric": item.metric, **extra, "test": test, "outcome": outcome,
+            "predicted": item.predicted or None, "prediction": verdict, "decision": decision}
+
+
+def evaluate_plan(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any]],
+                  evals: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Every registered comparison and dose-response on the finished runs: paired by seed, Holm over the plan.
+
+    runs: sweep database rows (name, status, seed, point); evals: {run: {domain: {"loss", ...}}}.
+    """
+    if isinstance(plan, dict):
+        plan = from_dict(AnalysisPlan, plan, prefix="plan.")
+    notes: list[str] = []
+    items: list[tuple[Any, str, dict[str, Any], dict[str, Any]]] = []
+    for c in plan.comparisons:
+        arm = _per_seed(runs, evals, c.variant, c.where, c.metric, notes, c.name)
+        ref = _per_seed(runs, evals, c.reference, c.reference_where, c.metric, notes, c.name)
+        d = stats.paired(ref, arm)
+        items.append((c, "comparison", {"n": d["n"], "mean": d["mean"], "se": d["se"]},
+                      {"per_seed": d["per_seed"], "seeds": d["seeds"]}))
+    for r in plan.dose_responses:
+        by_dose: dict[float, dict[Any, float]] = {}
+        for run in runs:
+            point = run.get("point") or {}
+            if run["status"] != "done" or not _matches(point, "", r.where) or r.dose not in point:
+                continue
+            value = _metric(evals.get(run["name"], {}), r.metric)
+            if value is not None:
+                by_dose.setdefault(float(point[r.dose]), {})[run["seed"]] = value
+        base = by_dose.get(float(r.reference_dose), {})
+        deltas = {x: stats.paired(base, v)["per_seed"] for x, v in by_dose.items() if x != float(r.reference_dose)}
+        dr = stats.dose_response(deltas)
+        items.append((r, "dose_response", {"n": dr["n"], "mean": dr["mean"], "se": dr["se"]},
+                      {"per_seed_slope": dr["per_seed"], "doses": dr["doses"]}))
+    raw = [stats.t_test(s["mean"], s["se"], s["n"])["p"] for _, _, s, _ in items]
+    adjusted = stats.holm(raw, plan.alpha)["adjusted"] if plan.correction == "holm" else raw
+    results = []
+    for (item, kind, s, extra), p in zip(items, adjusted, strict=True):
+        margin = item.margin or plan.margin or None
+        test = stats.compare(s["mean"], s["se"], s["n"], margin, plan.alpha, p=p)
+        results.append(_result(item, test, kind, extra))
+    return {"name": plan.name, "question": plan.question, "alpha": plan.alpha, "correction": plan.correction,
+            "margin": plan.margin or None, "results": results, "notes": notes}
+
+
+def plan_margin(analysis: dict[str, Any] | None) -> tuple[float | None, float]:
+    """(the plan's study-wide margin or None, its alpha) for the study-specific rules of a report."""
+    ev = (analysis or {}).get("evaluation") or {}
+    return ev.get("margin"), ev.get("alpha") or stats.ALPHA
+
+
+# ------------------------------------------------------------------------------------------------ power
+def plan_power(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any]],
+               evals: dict[str, dict[str, dict[str, Any]]], seeds: int) -> dict[str, Any]:
+    """Power of each registered comparison at `seeds` seeds, from the seed spread of the pilot runs given.
+
+    runs / evals: the pilot's (a finished sweep, or the study's own first seeds). A comparison the pilot cannot
+    pair (no runs of one side) gets no estimate. Effect: plan.effect_of_interest; margin: the comparison's or
+    the plan's.
+    """
+    if isinstance(plan, dict):
+        plan = from_dict(AnalysisPlan, plan, prefix="plan.")
+    rows = []
+    for c in plan.comparisons:
+        notes: list[str] = []
+        arm = _per_seed(runs, evals, c.variant, c.where, c.metric, notes, c.name)
+        ref = _per_seed(runs, evals, c.reference, c.reference_where, c.metric, notes, c.name)
+        d = stats.paired(ref, arm)
+        ok = d["n"] >= 2 and _finite(d["sd"]) and d["sd"] > 0
+        margin = c.margin or plan.margin or None
+        rows.append({"name": c.name, "metric": c.metric, "pilot_n": d["n"], "pilot_mean": d["mean"],
+                     "power": stats.plan_power(d["sd"], seeds, plan.effect_of_interest or None, margin, plan.alpha,
+                                               plan.power) if ok else None})
+    return {"seeds": seeds, "alpha": plan.alpha, "target": plan.power, "effect_of_interest":
+            plan.effect_of_interest or None, "comparisons": rows}
+
+
+def plan_inputs(folder: str | Path, override: str | Path | None = None) -> dict[str, Any]:
+    """Everything the plan's verdicts rest on, as plain data (a report's records.json keeps it): the
+    registration record, a plan given at report time, and the finished runs' seeds, grid values and evaluations."""
+    from plelab.experiments.sweep import DB_FILE
+    from plelab.experiments.sweep_store import SweepStore
+
+    with SweepStore(Path(folder) / DB_FILE) as store:
+        runs = [{k: r[k] for k in ("name", "status", "seed", "point", "attempts")} for r in store.runs()]
+        return {"record": registered_plan(store), "override": to_dict(load_plan(override)) if override else None,
+                "override_source": str(override or ""), "runs": runs, "evals": store.evals()}
+
+
+def plan_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """plan_analysis from plan_inputs' data, plus the power of the plan's comparisons at the seeds the runs have
+    (from their own seed spread)."""
+    record, override = inputs.get("record"), inputs.get("override")
+    status = status_of(record)
+    plan = (record or {}).get("plan")
+    if override is not None and (record is None or plan_hash(from_dict(AnalysisPlan, override)) != record["sha256"]):
+        plan, status = override, "post hoc"
+        record = {"sha256": plan_hash(from_dict(AnalysisPlan, override)), "source": inputs.get("override_source"),
+                  "registered_at": None, "runs_started_before": None}
+    out: dict[str, Any] = {"status": status, "record": None if record is None else {
+        k: record.get(k) for k in ("sha256", "source", "registered_at", "runs_started_before")}}
+    if plan is not None:
+        runs, evals = inputs["runs"], inputs["evals"]
+        out["evaluation"] = evaluate_plan(plan, runs, evals)
+        seeds = len({r["seed"] for r in runs if r["status"] == "done"})
+        out["power"] = plan_power(plan, runs, evals, max(seeds, 2))
+    return out
+
+
+def folder_plan(folder: str | Path, override: str | Path | None = None) -> dict[str, Any]:
+    """plan_from_inputs(plan_inputs(folder, override)): the plan's verdicts and power for a sweep folder."""
+    return plan_from_inputs(plan_inputs(folder, override))

@@ -1,0 +1,87 @@
+"""Report blocks for the analysis plan (plan.plan_from_inputs: registration, verdicts) and its power estimate."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from plelab.experiments.report import Block, fmt
+
+BANNER = {
+    "registered": "Analysis plan `{source}` (sha256 {sha}) was registered in the sweep database on {when}, before "
+                  "the first run. Its verdicts are in *Registered analysis* below; every other verdict in this report "
+                  "(study tables, rules, conclusions) is **post hoc**: computed by rules the plan does not register.",
+    "post hoc": "Analysis plan `{source}` (sha256 {sha}) was not registered before the runs ({started}): its "
+                "verdicts below are **post hoc**, like every other verdict in this report.",
+    "none": "No analysis plan was registered for this sweep: every verdict in this report is **post hoc** (the "
+            "rules were not fixed before the runs). Register one with `[sweep] plan = \"FILE\"` before the first run.",
+}
+
+
+def _when(ts: Any) -> str:
+    if not ts:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def plan_banner(pa: dict[str, Any] | None) -> str:
+    """One paragraph: which verdicts are registered and which are post hoc."""
+    pa = pa or {"status": "none"}
+    record = pa.get("record") or {}
+    started = record.get("runs_started_before")
+    return BANNER[pa["status"]].format(
+        source=record.get("source", "-"), sha=(record.get("sha256") or "")[:12],
+        when=_when(record.get("registered_at")),
+        started="given at report time" if started is None else f"registered after {started} run(s) had started")
+
+
+def _ci(ci: Any) -> str:
+    return "-" if not ci else f"[{fmt(ci[0], '+.4f')}, {fmt(ci[1], '+.4f')}]"
+
+
+def plan_blocks(pa: dict[str, Any] | None) -> list[Block]:
+    """The banner, then (with a plan) one row per registered comparison / dose-response with its decision."""
+    blocks: list[Block] = [("p", plan_banner(pa))]
+    ev = (pa or {}).get("evaluation")
+    if not ev:
+        return blocks
+    label = "Registered analysis" if pa["status"] == "registered" else "Analysis under the plan (post hoc)"
+    rows = []
+    for r in ev["results"]:
+        t = r["test"]
+        tost = t.get("tost") or {}
+        rows.append([r["name"], r["kind"].replace("_", "-"), r["metric"], str(t["n"]),
+                     f"{fmt(t['mean'], '+.4f')} ± {fmt(t['se'])}", _ci(t.get("ci95")), fmt(t.get("p"), ".3g"),
+                     fmt(t.get("p_used"), ".3g"),
+                     "-" if not tost else f"±{tost['margin']:g}: p {fmt(tost.get('p'), '.3g')}",
+                     r["outcome"], r["predicted"] or "-", r["prediction"] or "-", r["decision"] or "-"])
+    head = (f"{ev['name']}: {ev['question']} " if ev.get("question") else f"{ev['name']}: ") + (
+        f"Test level {ev['alpha']:g}; correction over the plan's {len(rows)} tests: {ev['correction']}; "
+        "the seed is the unit (paired per-seed deltas; a dose-response is the per-seed slope on log2 dose).")
+    blocks += [("h", 2, label), ("p", head),
+               ("table", ["name", "kind", "metric", "seeds", "Δ ± s.e.", "95 % CI", "p", "p (corrected)",
+                          "equivalence (TOST)", "outcome", "predicted", "prediction", "decision"], rows)]
+    if ev.get("notes"):
+        blocks.append(("list", ev["notes"]))
+    return blocks
+
+
+def power_blocks(power: dict[str, Any]) -> list[Block]:
+    """Per registered comparison: the pilot's seed spread, the effect the grid resolves, the seeds an effect needs."""
+    rows = []
+    for r in power["comparisons"]:
+        p = r.get("power") or {}
+        for_effect = "-" if not p.get("effect") else str(p.get("seeds_for_effect") or "> 500")
+        for_margin = "-" if not p.get("margin") else str(p.get("seeds_for_equivalence") or "> 500")
+        rows.append([r["name"], r["metric"], str(r.get("pilot_n") or "-"), fmt(p.get("sd"), ".4f"),
+                     str(p.get("n") or "-"), fmt(p.get("mde"), ".4f"), fmt(p.get("effect"), ".4f"),
+                     fmt(p.get("power_at_n"), ".2f"), for_effect, fmt(p.get("margin"), ".4f"), for_margin])
+    return [("h", 2, "Power before compute"),
+            ("p", f"From the pilot's seed spread (sd of the per-seed paired deltas): the smallest |Δ| the study's "
+                  f"{power['seeds']} seeds detect with probability {power['target']:g} (two-sided t test at "
+                  f"{power['alpha']:g}, exact noncentral t), the power at the effect of interest, and the seeds it "
+                  "needs; and the seeds TOST needs to show equivalence inside the margin when the true Δ is 0. "
+                  "The pilot's sd is itself an estimate from few seeds: a plan, not a promise."),
+            ("table", ["comparison", "metric", "pilot seeds", "pilot sd", "seeds planned", "detectable |Δ|",
+                       "effect of interest", "power", "seeds for the effect", "margin", "seeds for equivalence"],
+             rows)]

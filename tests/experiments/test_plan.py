@@ -1,0 +1,154 @@
+"""Pre-registered analysis plans: registered before the first run, refused when changed after it, evaluated by
+`plelab report` (everything else labelled post hoc), and `plelab sweep --power` sizing a study from a pilot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_ffn_report import PLAN, VARIANTS, fake_study
+
+from plelab.cli.main import main
+from plelab.errors import PlelabError
+from plelab.experiments.plan import evaluate_plan, load_plan, plan_hash, register_plan, registered_plan
+from plelab.experiments.sweep import load_sweep
+from plelab.experiments.sweep_runner import prepare
+from plelab.experiments.sweep_store import SweepStore
+from plelab.util.dataclass_config import ConfigError
+
+
+def _plan_file(root: Path, margin: float = 0.02, comment: str = "") -> Path:
+    path = root / "plan.toml"
+    path.write_text(f'{comment}\n[plan]\nname = "t"\nmargin = {margin}\n[[plan.comparisons]]\nname = "a"\n'
+                    'where = { "model.ple.dim" = 8 }\nreference_where = { "model.ple.dim" = 0 }\nmetric = "val"\n')
+    return path
+
+
+def _sweep_file(root: Path) -> Path:
+    path = root / "sweep.toml"
+    path.write_text(f'[sweep]\nout = "{root / "out"}"\nplan = "plan.toml"\n[base]\nmax_steps = 10\n'
+                    '[base.model]\npreset = "tiny"\n[grid]\nseed = [1, 2]\n"model.ple.dim" = [0, 8]\n')
+    return path
+
+
+def test_the_plan_is_hashed_in_before_the_first_run_and_fixed_once_a_run_started(tmp_path, capsys):
+    _plan_file(tmp_path)
+    sweep = load_sweep(_sweep_file(tmp_path))
+    assert sweep.options.plan == str((tmp_path / "plan.toml").resolve())  # relative to the sweep file
+    store, _ = prepare(sweep)
+    with store:
+        record = registered_plan(store)
+        assert record["runs_started_before"] == 0 and record["sha256"] == plan_hash(load_plan(tmp_path / "plan.toml"))
+    # Comments and layout are not the plan: re-registering the same content is a no-op.
+    _plan_file(tmp_path, comment="# a note")
+    prepare(load_sweep(_sweep_file(tmp_path)))[0].close()
+    # Before any run starts a plan may still change (re-registered) ...
+    _plan_file(tmp_path, margin=0.03)
+    prepare(load_sweep(_sweep_file(tmp_path)))[0].close()
+    with SweepStore(sweep.db_path) as store:
+        assert registered_plan(store)["plan"]["margin"] == 0.03
+        store.mark_running(sweep.points[0].name, 12345)
+    # ... after one has, a changed plan is refused in one line, before anything is trained.
+    _plan_file(tmp_path, margin=0.05)
+    with pytest.raises(PlelabError, match="changed after the first run started"):
+        prepare(load_sweep(_sweep_file(tmp_path)))
+    assert main(["sweep", str(tmp_path / "sweep.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a registered plan is fixed" in err[0]
+    with SweepStore(sweep.db_path) as store:
+        assert registered_plan(store)["plan"]["margin"] == 0.03
+
+
+def test_a_plan_registered_after_runs_started_is_post_hoc(tmp_path):
+    fake_study(tmp_path / "study", VARIANTS, plan=None)  # runs already done
+    with SweepStore(tmp_path / "study" / "sweep.sqlite") as store:
+        record = register_plan(store, load_plan(PLAN), "late.toml")
+        assert record["runs_started_before"] == 6
+    a = json.loads(_report_json(tmp_path / "study"))
+    assert a["plan"]["status"] == "post hoc"
+
+
+def _report_json(folder: Path, *extra: str) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["report", str(folder), "--json", *extra]) == 0
+    return buf.getvalue()
+
+
+def test_report_computes_the_registered_verdicts_and_labels_the_rest_post_hoc(tmp_path):
+    study = fake_study(tmp_path / "study", VARIANTS)
+    a = json.loads(_report_json(study))
+    assert a["plan"]["status"] == "registered"
+    results = {r["name"]: r for r in a["plan"]["evaluation"]["results"]}
+    val, macro = results["mglu_val"], results["mglu_macro"]
+    assert val["outcome"] == "worse" and val["prediction"] == "hit" and val["decision"] == "MGLU costs loss here"
+    assert val["test"]["n"] == 3 and val["test"]["p_used"] >= val["test"]["p"]  # Holm over the plan's two tests
+    assert macro["outcome"] == "worse" and macro["prediction"] == "miss"         # 0.04 is outside the 0.02 margin
+    assert a["margin"] == 0.02                                                    # the study rules use the plan's
+    assert a["plan"]["power"]["comparisons"][0]["power"]["mde"] > 0
+    md = (study / "report.md").read_text()
+    assert "registered in the sweep database" in md and "is **post hoc**" in md
+    # A plan given at report time that is not the registered one: its verdicts are post hoc.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"plan": {**PLAN["plan"], "margin": 0.05}}))
+    b = json.loads(_report_json(study, "--plan", str(other)))
+    assert b["plan"]["status"] == "post hoc" and b["margin"] == 0.05
+    none = fake_study(tmp_path / "none", VARIANTS, plan=None)
+    c = json.loads(_report_json(none))
+    assert c["plan"]["status"] == "none" and c["margin"] is None
+    assert "No analysis plan was registered" in (none / "report.md").read_text()
+
+
+def test_evaluate_plan_dose_response_and_holm():
+    runs, evals = [], {}
+    slopes = {1: -0.04, 2: -0.06, 3: -0.05}
+    for seed in (1, 2, 3):
+        for dim in (0, 1, 2, 4, 8):
+            name = f"s{seed}d{dim}"
+            runs.append({"name": name, "status": "done", "seed": seed, "point": {"model.ple.dim": dim, "seed": seed}})
+            loss = 5.0 + 0.1 * seed + (slopes[seed] * dim.bit_length() if dim else 0.0)
+            evals[name] = {"val": {"loss": loss}, "a": {"loss": loss + 1}, "b": {"loss": loss + 3}}
+    plan = {"name": "dose", "dose_responses": [{"name": "dp", "metric": "val", "predicted": "better",
+                                                "decisions": {"better": "PLE pays per doubling"}}],
+            "comparisons": [{"name": "dp8", "where": {"model.ple.dim": 8}, "reference_where": {"model.ple.dim": 0},
+                             "metric": "macro"}]}
+    ev = evaluate_plan(plan, runs, evals)
+    dp8, dose = ev["results"]  # comparisons first, then dose-responses
+    assert dose["test"]["mean"] == pytest.approx(-0.05) and dose["outcome"] == "better"
+    assert dose["prediction"] == "hit" and dose["decision"] == "PLE pays per doubling"
+    assert dp8["test"]["mean"] == pytest.approx(4 * -0.05) and dp8["metric"] == "macro"
+
+
+def test_bad_plans_are_refused_with_one_line():
+    for bad, match in (({"plan": {"name": "x"}}, "at least one comparison"),
+                       ({"plan": {"name": "x", "comparisons": [{"name": "a", "variant": "v"}]}}, "reference"),
+                       ({"plan": {"name": "x", "alpha": 0.7, "comparisons": []}}, "alpha"),
+                       ({"plan": {"name": "x", "comparisons": [{"name": "a", "variant": "v", "reference": "r",
+                                                                "predicted": "smaller"}]}}, "predicted"),
+                       ({"plan": {"name": "x", "comparisons": [{"name": "a", "variant": "v", "reference": "r",
+                                                                "decisions": {"maybe": "?"}}]}}, "decision key"),
+                       ({"other": {}}, "one \\[plan\\] table")):
+        with pytest.raises(ConfigError, match=match):
+            load_plan(bad)
+
+
+def test_power_from_a_pilot(tmp_path, capsys):
+    pilot = fake_study(tmp_path / "pilot", VARIANTS)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"sweep": {"out": str(tmp_path / "big"), "baseline": "swiglu", "plan": str(plan)},
+                                 "base": {"model": {"preset": "tiny"}, "max_steps": 10},
+                                 "grid": {"seed": [1, 2, 3, 4, 5]}, "variants": VARIANTS}))
+    assert main(["sweep", str(sweep), "--power", "--pilot", str(pilot), "--json"]) == 0
+    power = json.loads(capsys.readouterr().out)
+    first = power["comparisons"][0]
+    assert power["seeds"] == 5 and first["pilot_n"] == 3 and first["power"]["n"] == 5
+    assert first["power"]["mde"] < 0.04 and first["power"]["seeds_for_effect"] >= 2
+    assert not (tmp_path / "big").exists()  # nothing trained, nothing written
+    assert main(["sweep", str(sweep), "--power"]) == 2  # no pilot folder yet: one line
+    assert "run a pilot first" in capsys.readouterr().err
