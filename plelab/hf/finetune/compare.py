@@ -2,8 +2,10 @@
 
 "Use" is what `plelab diagnose` measures: the loss increase when every layer's PLE is switched off (zero,
 shuffle or table ablation), per evaluation batch. Both models see the same batches, so the change is a paired
-difference per batch, d_i = (off - full)_tuned,i - (off - full)_base,i, reported as its mean and standard
-error for each mode. The verdict uses the mode that is primary for the base model (the smallest loss increase,
+difference per batch, d_i = (off - full)_tuned,i - (off - full)_base,i, reported as its mean, standard error,
+95 % t interval and two-sided t-test p for each mode (plelab.stats; the unit is the evaluation batch, so the
+interval speaks about these evaluation data, not about repeating the fine-tune with other seeds).
+The verdict uses the mode that is primary for the base model (the smallest loss increase,
 as diagnose chooses it) and diagnose's noise band (2 standard errors) and floor: "more" if the mean change
 exceeds max(floor, noise), "less" if it is below minus that, else "unchanged (within noise)". Per layer, the
 injection ratio |y| / |h| of both models is shown beside it. The two models are measured one after the other,
@@ -12,13 +14,13 @@ so only one is in memory at a time.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from plelab.diagnostics import verdict as V
 from plelab.diagnostics.ablation import ABLATION_MODES, pooled_loss
 from plelab.hf.diagnose import hf_batch_losses, hf_ple_ablated, hf_probe_layers
 from plelab.hf.model import HFTextModel
+from plelab.stats.paired import paired, t_interval, t_test
 
 
 def measure_ple_use(model: HFTextModel, batches: list, layers: list[int] | None = None) -> dict[str, Any]:
@@ -35,16 +37,16 @@ def measure_ple_use(model: HFTextModel, batches: list, layers: list[int] | None 
             "injection_ratio": {i: probes[i]["injection_ratio"] for i in layers}}
 
 
-def _paired(base: dict, tuned: dict, mode: str, idx: list[int]) -> dict[str, float]:
+def _paired(base: dict, tuned: dict, mode: str, idx: list[int]) -> dict[str, Any]:
     deltas = {}
     for name, m in (("base", base), ("tuned", tuned)):
         full, off = [m["full"][i] for i in idx], [m["off"][mode][i] for i in idx]
-        deltas[name] = (pooled_loss(off) - pooled_loss(full), [o - f for (o, _), (f, _) in zip(off, full, strict=True)])
-    diffs = [t - b for t, b in zip(deltas["tuned"][1], deltas["base"][1], strict=True)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
-    return {"base_delta": deltas["base"][0], "tuned_delta": deltas["tuned"][0], "change": mean, "se": se}
+        per_batch = {i: o - f for i, (o, _), (f, _) in zip(idx, off, full, strict=True)}
+        deltas[name] = (pooled_loss(off) - pooled_loss(full), per_batch)
+    change = paired(deltas["base"][1], deltas["tuned"][1])  # per batch: tuned's increase minus base's
+    return {"base_delta": deltas["base"][0], "tuned_delta": deltas["tuned"][0], "change": change["mean"],
+            "se": change["se"], "n": change["n"], "ci95": t_interval(change["mean"], change["se"], change["n"]),
+            "p": t_test(change["mean"], change["se"], change["n"])["p"]}
 
 
 def _verdict(change: float, se: float) -> tuple[str, str]:
