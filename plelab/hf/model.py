@@ -7,6 +7,7 @@ StreamedEmbedding that preads the rows each batch needs. Vision and audio towers
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,7 +185,10 @@ def load_text_model(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32, devi
                                         f"implies {tuple(param.shape)}")
             _copy_in(param, info)
             used.add(name.removeprefix("model."))
-    extra = sorted(set(ckpt.tensors) - used)
+    # Published Gemma 3n / 4 shards also hold k/v projections and norms of the KV-shared layers, which
+    # transformers' classes do not build and list as ignorable; they are not a mismatch.
+    ignorable = [re.compile(p) for p in getattr(lm.model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    extra = sorted(k for k in set(ckpt.tensors) - used if not any(p.search(k) for p in ignorable))
     if missing or extra:
         names = missing[:3] if missing else [ckpt.prefix + e for e in extra[:3]]
         what = (f"lacks {len(missing)} tensor(s) the config implies" if missing

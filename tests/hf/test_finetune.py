@@ -193,3 +193,61 @@ def test_table_in_memory_reads_what_the_streamed_table_reads(make_gemma):
         wrapped.delta.weight[1] = 1.0  # row 5
     diff = (wrapped(ids) - loaded(ids)).abs().amax(dim=-1)
     assert diff[0, 1] > 0 and diff[0, 2] > 0 and diff[0, 0] == 0 and diff[1].max() == 0
+
+
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_activation_checkpointing_gives_the_same_gradients(make_gemma, family):
+    from plelab.hf.finetune.config import FinetuneSettings, model_config_of
+    from plelab.hf.finetune.model import build_finetune_model
+    from plelab.parallel.engine import checkpoint_activations
+
+    ckpt = HFCheckpoint.open(make_gemma(family))
+    torch.manual_seed(0)
+    model = build_finetune_model(ckpt, model_config_of(ckpt), FinetuneSettings(targets=["attention", "mlp", "ple"]),
+                                 torch.device("cpu"), torch.float32)
+    for p in model.parameters():  # B = 0 at init would leave A without gradient
+        torch.nn.init.normal_(p, std=0.05)
+    x = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def grads():
+        model.train()
+        _, loss = model(x, torch.roll(x, -1, 1))
+        loss.backward()
+        out = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        return loss.item(), out
+
+    loss, plain = grads()
+    checkpoint_activations(model)
+    loss2, ckpted = grads()
+    assert loss == pytest.approx(loss2, abs=1e-6)
+    assert all(torch.allclose(plain[n], ckpted[n], atol=1e-6) for n in plain) and len(plain) > 10
+
+
+def test_published_layout_with_kv_shared_projections_loads(tmp_path, tokenizer_json, finetune_data):
+    """Released Gemma 3n shards keep k/v projections and norms for the KV-shared layers, which transformers
+    builds no modules for (and lists as ignorable); the loader and the merge accept them as transformers does."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, Gemma3nForCausalLM, Gemma3nTextConfig
+
+    from plelab.hf.model import load_text_model
+
+    cfg = Gemma3nTextConfig(vocab_size=320, vocab_size_per_layer_input=320, hidden_size=32,
+                            hidden_size_per_layer_input=8, num_hidden_layers=4, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=16, intermediate_size=64, laurel_rank=4,
+                            altup_num_inputs=2, num_kv_shared_layers=2, activation_sparsity_pattern=[0.0] * 4,
+                            layer_types=["full_attention"] * 4, max_position_embeddings=128)
+    torch.manual_seed(0)
+    Gemma3nForCausalLM(cfg).save_pretrained(tmp_path / "ckpt")
+    sd = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    for i in (2, 3):  # as released: the shared layers' unused key/value weights are in the file
+        sd[f"model.layers.{i}.self_attn.k_proj.weight"] = torch.randn(16, 32)
+        sd[f"model.layers.{i}.self_attn.v_proj.weight"] = torch.randn(16, 32)
+    save_file(sd, str(tmp_path / "ckpt" / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "ckpt" / "tokenizer.json").write_text(tokenizer_json)
+    ours = load_text_model(HFCheckpoint.open(tmp_path / "ckpt"), attn_implementation="sdpa")
+    x = training_tokens(finetune_data[0])
+    with torch.no_grad():
+        got = ours.lm(input_ids=x, use_cache=False).logits
+    want = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32).eval()(input_ids=x).logits
+    assert (got - want).abs().max() <= TOL
