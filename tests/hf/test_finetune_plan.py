@@ -79,8 +79,9 @@ def test_published_shapes_from_config_json(tmp_path, capsys, name, layers):
     assert r["table_saving_bytes"] == 2 * table and r["table_on_disk_bytes"]["ple_table"] == 0
     assert r["step"]["frozen_bytes_per_value"] == 2 and r["model"]["lora_params"] > 0
     assert "inference, not training" in r["public_report"]["differs"]
-    assert main(argv) == 0
-    assert "leaving the table on disk saves" in capsys.readouterr().out
+    if name == "E2B":  # the text form once (each plan runs a 'meta' forward of the whole model)
+        assert main(argv) == 0
+        assert "leaving the table on disk saves" in capsys.readouterr().out
 
 
 def test_plan_of_a_checkpoint_folder_and_bad_input(make_gemma, capsys):
