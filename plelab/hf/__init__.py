@@ -3,6 +3,7 @@
     checkpoint.py   the folder: config.json, safetensors shards (single or indexed), tokenizer.json; checks
     safetensors.py  a pread-based safetensors reader: tensors in row chunks, arbitrary rows of the table
     model.py        the transformers text model with its PLE table served from disk (StreamedEmbedding)
+    finetune/       LoRA fine-tuning (plelab finetune) with the table left on disk; see docs/finetune.md
 
 Memory: the table is never materialised. Diagnosing reads only the rows a batch (or table health) needs,
 exporting reads it in chunks of rows; both use os.pread, so the file's pages stay in the page cache
