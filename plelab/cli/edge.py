@@ -92,7 +92,7 @@ def run_export(args: argparse.Namespace) -> int:
     if (args.hf is None) == (args.source is None):
         raise PlelabError("give either a source (checkpoint, run, preset or config file) or --hf PATH")
     if args.hf is not None:
-        from plelab.edge.export import export_hf, hf_export_inputs
+        from plelab.hf.ple_export import export_hf, hf_export_inputs
 
         if args.overrides:
             raise PlelabError("--set only applies to presets and config files, not to --hf")
@@ -156,8 +156,9 @@ def _load_layout(args: argparse.Namespace):
                               "re-export with them, or plan the checkpoint or preset instead")
         with PleFile(path, verify="none") as f:
             return f.layout
-    from plelab.edge.export import checkpoint_config, hf_layout, layout_for_config
+    from plelab.edge.export import checkpoint_config, layout_for_config
     from plelab.hf.checkpoint import is_hf_folder
+    from plelab.hf.ple_export import hf_layout
     from plelab.model.presets import load_model_config
 
     if is_hf_folder(path):  # a Hugging Face Gemma folder: its table-only layout, from config.json alone
