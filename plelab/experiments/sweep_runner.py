@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import RESOLVED_FILE, Sweep, SweepPoint
 from plelab.experiments.sweep_store import SweepStore, config_diff
+from plelab.runs.metrics import read_metrics
 from plelab.training.callbacks import Callback
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.util.fs import atomic_write_bytes, check_output_path, pid_alive
@@ -154,22 +155,6 @@ def sweep_lock(folder: Path):
         f.write(str(os.getpid()))
         f.flush()
         yield
-
-
-def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(training step lines, evaluation lines) of RUN_DIR/metrics.jsonl; a later line for the same step wins."""
-    train: dict[int, dict] = {}
-    evals: dict[int, dict] = {}
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return [], []
-    for line in path.read_text(errors="replace").splitlines():  # damaged bytes spoil one line, not the status
-        try:
-            m = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-        (evals if "eval" in m else train)[int(m.get("step", 0))] = m
-    return [train[k] for k in sorted(train)], [evals[k] for k in sorted(evals)]
 
 
 def _diagnostics(run_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from plelab.experiments.law import (
     thresholds,
     trained_criterion,
 )
-from plelab.experiments.sweep_runner import read_metrics
+from plelab.runs.metrics import read_metrics
 
 RATIOS = (1 / 32, 1 / 16, 1 / 8, 1 / 4)
 SEEDS = (1, 2, 3)
