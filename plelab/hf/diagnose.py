@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -265,3 +267,31 @@ def hf_eval_batches(path: str, model: HFTextModel, batch_size: int, seq_len: int
     tokens = np.concatenate([x.reshape(-1).numpy() for x, _ in batches])
     desc = f"{len(streams)} domain(s) in {path}, {how}, {per_domain} batch(es) of {batch_size} x {seq_len} each"
     return batches, domains, tokens, desc
+
+
+def diagnose_hf_folder(path: str | Path, data: str | None = None, *, layers: list[int] | None = None,
+                       dtype: str = "float32", device: str = "cpu", batches: int = 8, batch_size: int = 8,
+                       seq_len: int | None = None, top_k: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """The diagnosis of a Hugging Face Gemma 3n / Gemma 4 folder (the report `diagnose_run` gives for runs), with
+    per-domain deltas; its PLE table stays on disk. dtype: of the in-memory text model (float32 or bfloat16)."""
+    from plelab.errors import PlelabError
+    from plelab.hf.checkpoint import HFCheckpoint
+    from plelab.hf.model import load_text_model
+    from plelab.inference.evaluate import check_seq_len
+    from plelab.util.device import pick_device
+
+    ckpt = HFCheckpoint.open(path)
+    if layers is not None and max(layers) >= ckpt.num_layers:  # before loading gigabytes
+        raise PlelabError(f"--layers: {path} has layers 0..{ckpt.num_layers - 1}, got {max(layers)}")
+    context = ckpt.text_config.get("max_position_embeddings") or 256
+    seq_len = check_seq_len(seq_len or min(256, context), context)
+    model = load_text_model(ckpt, getattr(torch, dtype))
+    model.lm.to(pick_device(device))
+    kwargs: dict = {"layers": layers, "top_k": top_k or DEFAULT_TOP_K}
+    data_desc = None
+    if data:
+        found, domains, tokens, data_desc = hf_eval_batches(data, model, batch_size, seq_len, batches, seed)
+        kwargs.update(batches=found, domains=domains, token_ids=tokens, freq_source="the evaluation batches")
+    report = {"checkpoint": str(ckpt.path), "run_dir": None, **diagnose_hf(model, **kwargs)}
+    report.setdefault("data", {})["source"] = data_desc
+    return report
