@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import plelab.vision  # noqa: F401 - registers the [vision] section: sweeps train vision runs too
 from plelab.errors import PlelabError
 from plelab.training.config import TrainConfig, load_train_config, train_config_dict
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, parse_override, read_file, to_dict

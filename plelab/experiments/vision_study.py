@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -460,24 +459,12 @@ def write_vision_report(analysis: dict[str, Any], out_dir: str | Path, *, overwr
                        figures, overwrite=overwrite, inputs=inputs)
 
 
-def run_vision_report(folder: str | Path, out: str | Path | None, *, overwrite: bool = False,
-                      as_json: bool = False) -> int:
-    """`plelab report DIR` on a vision sweep: diagnose (cached), analyse, write, print."""
-    from plelab.cli.common import print_json
+def vision_report_inputs(folder: str | Path) -> tuple[Path, ...]:
+    """Files the report reads from the sweep folder (its output must be none of them)."""
     from plelab.experiments.sweep import RESOLVED_FILE
 
     folder = Path(folder)
-    analysis = study_analysis(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True))
-    target = Path(out or folder)
-    own = target.resolve() == folder.resolve()
-    paths = write_vision_report(analysis, target, overwrite=own or overwrite,
-                                inputs=(folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE))
-    if as_json:
-        print_json(jsonable(analysis))
-    else:
-        for p in paths:
-            print(p)
-    return 0
+    return folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE
 
 
 def _finite(x: Any) -> bool:

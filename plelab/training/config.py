@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from plelab.model.config import ModelConfig
 from plelab.model.presets import load_model_config
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
-from plelab.vision.config import VisionConfig, check_vision_run
+
+PLUGIN_SECTIONS: dict[str, type[TrainConfig]] = {}
+"""Config sections that plug-ins add ({section: TrainConfig subclass}), filled as the subclasses are defined."""
 
 
 @dataclass
 class TrainConfig:
-    """Everything a training run needs besides the model weights."""
+    """Everything a training run needs besides the model weights.
+
+    A plug-in that trains another kind of model adds its own section by subclassing, e.g.
+    `class VisionTrainConfig(TrainConfig, section="vision")` with a `vision` field: `load_train_config` picks
+    that subclass when the section is present (and on), and its `trainer_class()` names the trainer it needs
+    (plelab.training.trainer.trainer_for).
+    """
+
+    section: ClassVar[str] = ""
+    """The plug-in section this class adds ("" for the text TrainConfig itself)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model; in files, `[model]` may name `preset = "small-ple"` and override fields below it."""
@@ -98,9 +111,12 @@ class TrainConfig:
     """Also log to TensorBoard (RUN_DIR/tb) when tensorboard is installed."""
     wandb: bool = False
     """Also log to Weights & Biases when wandb is installed (project 'plelab')."""
-    vision: VisionConfig = field(default_factory=VisionConfig)
-    """Image + caption training (plelab.vision); off unless vision.corpus is set, and then left out of the
-    recorded config (existing runs and sweep hashes are unchanged)."""
+
+    def __init_subclass__(cls, section: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if section:
+            cls.section = section
+            PLUGIN_SECTIONS[section] = cls
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_steps", "log_every", "ckpt_every", "keep_checkpoints",
@@ -129,8 +145,6 @@ class TrainConfig:
             raise ConfigError(f"parallel must be none, ddp or fsdp, got {self.parallel!r}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
-        if self.vision.enabled:
-            check_vision_run(self)
 
     @property
     def context(self) -> int:
@@ -142,6 +156,12 @@ class TrainConfig:
         """Tokens consumed per optimizer step."""
         return self.batch_size * self.grad_accum * self.context
 
+    def param_counts(self) -> dict[str, int]:
+        """plelab.model.params.count_params of the model this config trains (a plug-in counts its own)."""
+        from plelab.model.params import count_params
+
+        return count_params(self.model)
+
 
 def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:
     """Build a TrainConfig from a file or dict plus `key=value` overrides (e.g. model.ple.dim=0)."""
@@ -151,12 +171,30 @@ def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] 
     if not isinstance(model, dict):
         raise ConfigError("[model] must be a table (e.g. preset = \"small-ple\")")
     data["model"] = load_model_config(model)
-    return from_dict(TrainConfig, data)
+    return from_dict(config_class(data), data)
+
+
+def config_class(data: dict[str, Any]) -> type[TrainConfig]:
+    """The TrainConfig subclass of the plug-in section `data` holds, else TrainConfig.
+
+    A section that is present but off (its config's `enabled` is false, e.g. `[vision]` without a corpus) is
+    removed from `data`: the run is a text run and records (and hashes) exactly what it did without it.
+    """
+    present = [name for name in PLUGIN_SECTIONS if name in data]
+    if len(present) > 1:
+        raise ConfigError(f"sections {', '.join(present)} exclude each other (each trains another kind of model)")
+    if not present:
+        return TrainConfig
+    cls = PLUGIN_SECTIONS[present[0]]
+    hint = typing.get_type_hints(cls)[present[0]]
+    value = data[present[0]]
+    section = value if dataclasses.is_dataclass(value) else from_dict(hint, value or {}, prefix=present[0] + ".")
+    if getattr(section, "enabled", True):
+        return cls
+    del data[present[0]]
+    return TrainConfig
 
 
 def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """JSON-friendly dict of a TrainConfig (round-trips through load_train_config)."""
-    out = to_dict(cfg)
-    if not cfg.vision.enabled:  # a text run records (and hashes) exactly what it did before [vision] existed
-        del out["vision"]
-    return out
+    return to_dict(cfg)

@@ -33,7 +33,7 @@ from plelab.diagnostics.model_parts import as_batches, model_device, ple_layers,
 from plelab.diagnostics.run_files import INIT_TABLE_FILE, load_init_table
 from plelab.diagnostics.table_health import DEFAULT_TOP_K
 from plelab.runs.checkpoint import atomic_write_bytes
-from plelab.training.callbacks import Callback
+from plelab.training.callbacks import Callback, register_callback
 
 EARLY_FRACTION = 0.1
 """Default early-warning point, as a fraction of trainer.total_steps."""
@@ -301,3 +301,8 @@ class PLEMonitor(Callback):
 
     def _write(self, name: str, obj: dict) -> None:
         atomic_write_bytes(self.diag_dir / name, json.dumps(jsonable(obj), indent=2).encode())
+
+
+register_callback("ple_monitor", lambda cfg, note: PLEMonitor(every=cfg.diagnostics_every,
+                                                             early_fraction=cfg.early_warning_fraction)
+                  if cfg.diagnostics_every and cfg.model.ple.dim else None)
