@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
                    "(config.json + safetensors + tokenizer.json; needs transformers; the PLE table stays on disk)")
     p.add_argument("--layers", type=_layer_list, help="with --hf: decoder layers to diagnose, e.g. 0,5,10 "
                    "(default all; each costs 3 ablation passes over the batches)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="with --hf: dtype of the in-memory model (default float32; bfloat16 halves its RAM)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], type=_precision,
+                   help="with --hf: dtype of the in-memory model (default fp32; bf16 halves its RAM)")
     p.add_argument("--data", help="prepared dataset folder, folder of domain .txt files, or a .npy token array; "
                    "without it only injection/gate statistics on random tokens (no ablation)")
     p.add_argument("--batches", type=options.positive_int, default=8,
@@ -42,6 +42,13 @@ def add_parser(sub) -> None:
     p.add_argument("--early", action="store_true",
                    help="predict the final verdict from the run's logged trajectory (RUN_DIR/metrics.jsonl) by the "
                         "dead-zone-law study's early rule, with its measured accuracy; loads no model")
+
+
+def _precision(text: str) -> str:
+    """fp32 / bf16, the precision names training uses; the old float32 / bfloat16 are still accepted."""
+    from plelab.util.device import OLD_PRECISION_NAMES
+
+    return OLD_PRECISION_NAMES.get(text, text)
 
 
 def _layer_list(text: str) -> list[int]:

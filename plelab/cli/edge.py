@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_export(sub) -> None:
+
     p = add_command(
         sub, "export", "Export a checkpoint (or a preset, with random weights) to a .ple file for the edge runtime.",
         "plelab export runs/esp32 --quant int4 --group 128 --out esp32.ple\n"
@@ -53,7 +54,9 @@ LAYOUT_FLAGS = {"quant": "--quant", "group": "--group", "embed_in_record": "--em
 
 
 def _add_layout_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quant", choices=["fp32", "fp16", "int8", "int4"],
+    from plelab.edge.quant import EXPORT_QUANTS  # NumPy only: `plelab run --engine c` stays free of torch
+
+    p.add_argument("--quant", choices=EXPORT_QUANTS,
                    help="encoding of matrices and tables (default int4; vectors stay fp16/fp32)")
     p.add_argument("--group", type=options.positive_int, help="values per fp16 scale for int8/int4 (default 128)")
     p.add_argument("--embed-in-record", action="store_true", default=None,

@@ -32,7 +32,7 @@ import torch
 
 from plelab import __version__
 from plelab.edge.format import Layout, Part, Table, TensorEntry, write_ple
-from plelab.edge.quant import DTYPES, Encoding, quantize
+from plelab.edge.quant import EXPORT_QUANTS, Encoding, ExportQuant, quantize
 from plelab.errors import PlelabError
 from plelab.model.config import FFNConfig, ModelConfig
 from plelab.model.presets import PRESETS, load_model_config
@@ -53,7 +53,7 @@ class ExportError(PlelabError):
 class ExportOptions:
     """How to encode and lay out the file."""
 
-    quant: str = "int4"
+    quant: ExportQuant = "int4"
     """Encoding of matrices and tables: fp32, fp16, int8 or int4."""
     group: int = 128
     """Values per fp16 scale for int8 / int4."""
@@ -68,8 +68,9 @@ class ExportOptions:
     """Per-group search for the least-squared-error scale (int8 / int4)."""
 
     def __post_init__(self) -> None:
-        if self.quant not in DTYPES or self.quant == "u1":
-            raise ExportError(f"--quant must be fp32, fp16, int8 or int4, got {self.quant!r}")
+        if self.quant not in EXPORT_QUANTS:
+            raise ExportError(f"--quant must be {', '.join(EXPORT_QUANTS[:-1])} or {EXPORT_QUANTS[-1]}, "
+                              f"got {self.quant!r}")
         for name, low in (("group", 1), ("align", 1), ("page", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

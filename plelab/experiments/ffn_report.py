@@ -15,7 +15,7 @@ from plelab.errors import PlelabError
 from plelab.experiments.ffn_study import (
     CLOSED_TOL,
     DECODE_FILE,
-    EXPORT_DTYPE,
+    EXPORT_QUANT,
     PUBLISHED_DOMAINS,
     PUBLISHED_TIMELINE,
     load_study,
@@ -242,7 +242,7 @@ def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "num
                        say: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
     """Measure decode cost on each variant's first seed and write FOLDER/decode.json; return {variant: result}.
 
-    Exported at the study's EXPORT_DTYPE, so bytes per token compare with the inference bytes column. A variant
+    Exported at the study's EXPORT_QUANT, so bytes per token compare with the inference bytes column. A variant
     the runtime refuses (one line, PlelabError) is recorded with its error and the others are still measured.
     `say` receives a progress line per variant.
     """
@@ -260,7 +260,7 @@ def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "num
         run_dir = data["run_dirs"][(v, seeds[0])]
         say(f"decode: {v} (seed {seeds[0]}, {tokens} tokens, {runtime} runtime) ...")
         try:
-            result = measure_decode(run_dir, tokens=tokens, runtime=runtime, quant=EXPORT_DTYPE)
+            result = measure_decode(run_dir, tokens=tokens, runtime=runtime, quant=EXPORT_QUANT)
         except PlelabError as exc:
             say(f"decode: {v}: {exc}")
             result = {"error": str(exc)}

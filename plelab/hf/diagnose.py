@@ -270,22 +270,26 @@ def hf_eval_batches(path: str, model: HFTextModel, batch_size: int, seq_len: int
 
 
 def diagnose_hf_folder(path: str | Path, data: str | None = None, *, layers: list[int] | None = None,
-                       dtype: str = "float32", device: str = "cpu", batches: int = 8, batch_size: int = 8,
+                       dtype: str = "fp32", device: str = "cpu", batches: int = 8, batch_size: int = 8,
                        seq_len: int | None = None, top_k: int | None = None, seed: int = 0) -> dict[str, Any]:
     """The diagnosis of a Hugging Face Gemma 3n / Gemma 4 folder (the report `diagnose_run` gives for runs), with
-    per-domain deltas; its PLE table stays on disk. dtype: of the in-memory text model (float32 or bfloat16)."""
+    per-domain deltas; its PLE table stays on disk. dtype: of the in-memory text model, fp32 or bf16 (the
+    spellings float32 / bfloat16 are accepted too)."""
     from plelab.errors import PlelabError
     from plelab.hf.checkpoint import HFCheckpoint
     from plelab.hf.model import load_text_model
     from plelab.inference.evaluate import check_seq_len
-    from plelab.util.device import pick_device
+    from plelab.util.device import OLD_PRECISION_NAMES, TORCH_DTYPES, pick_device
 
+    dtype = OLD_PRECISION_NAMES.get(dtype, dtype)
+    if dtype not in TORCH_DTYPES:
+        raise PlelabError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     ckpt = HFCheckpoint.open(path)
     if layers is not None and max(layers) >= ckpt.num_layers:  # before loading gigabytes
         raise PlelabError(f"--layers: {path} has layers 0..{ckpt.num_layers - 1}, got {max(layers)}")
     context = ckpt.text_config.get("max_position_embeddings") or 256
     seq_len = check_seq_len(seq_len or min(256, context), context)
-    model = load_text_model(ckpt, getattr(torch, dtype))
+    model = load_text_model(ckpt, TORCH_DTYPES[dtype])
     model.lm.to(pick_device(device))
     kwargs: dict = {"layers": layers, "top_k": top_k or DEFAULT_TOP_K}
     data_desc = None

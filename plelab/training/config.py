@@ -6,11 +6,15 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 from plelab.model.config import ModelConfig
 from plelab.model.presets import load_model_config
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
+from plelab.util.device import PRECISIONS, PrecisionChoice
+
+ParallelMode = Literal["none", "ddp", "fsdp"]
+PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
 
 PLUGIN_SECTIONS: dict[str, type[TrainConfig]] = {}
 """Config sections that plug-ins add ({section: TrainConfig subclass}), filled as the subclasses are defined."""
@@ -60,13 +64,13 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     sparse_ple: bool = True
-    """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP. Sets the
-    model's ple.sparse_grad when the run builds it (plelab.training.optim.model_config_for)."""
+    """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP. The one
+    switch for it: the model the run builds records it as ple.sparse_grad (plelab.training.optim.model_config_for)."""
     seed: int = 1337
     """Seed for initialisation, data order and sampling."""
     device: str = "auto"
     """auto (cuda, then mps, then cpu), or an explicit torch device."""
-    dtype: str = "auto"
+    dtype: PrecisionChoice = "auto"
     """auto = bf16 autocast where the hardware computes bf16 natively (CUDA with bf16; CPUs with AVX512-BF16,
     AMX or aarch64 BF16), else fp32; or bf16 / fp32. The run prints its choice and why
     (plelab.util.device.choose_precision). Weights, optimizer state, norms and the loss stay fp32.
@@ -78,7 +82,7 @@ class TrainConfig:
     the first steps are slow while it compiles."""
     pin_memory: bool = True
     """On CUDA, copy each batch through pinned host memory with non_blocking=True (no effect on the CPU)."""
-    parallel: str = "none"
+    parallel: ParallelMode = "none"
     """Under torchrun: "ddp" (weights replicated, gradients all-reduced) or "fsdp" (FSDP2 fully_shard per decoder
     layer + root: weights, gradients and optimizer state sharded). Either way the PLE table is split by
     vocabulary across ranks (plelab.parallel). batch_size is then the global batch (divisible by the world
@@ -141,10 +145,13 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.parallel not in ("none", "ddp", "fsdp"):
-            raise ConfigError(f"parallel must be none, ddp or fsdp, got {self.parallel!r}")
-        if self.dtype not in ("auto", "bf16", "fp32"):
-            raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+        if self.model.ple.sparse_grad:
+            raise ConfigError("model.ple.sparse_grad is not a setting (the trainer sets it from sparse_ple on the "
+                              "model it builds); remove it and set sparse_ple = true or false")
+        if self.parallel not in PARALLEL_MODES:
+            raise ConfigError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}")
+        if self.dtype not in PRECISIONS:
+            raise ConfigError(f"dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
 
     @property
     def context(self) -> int:
