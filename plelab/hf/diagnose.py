@@ -12,7 +12,7 @@ ablation reads the rows of each batch, table health only the rows of the most fr
 Expected peak RSS: the text model's non-table parameters x bytes per value (4 in float32) + activations of
 one batch (logits are computed LOGIT_CHUNK positions at a time) + the table rows of one batch and of table
 health (top_k x L x dP x 4 bytes). For Gemma 3n E2B (2.42e9 text parameters besides the 2.01e9-value
-table) that is ~9.7 GB + ~0.5 GB at 8 x 256 tokens in float32, ~4.8 GB + ~0.5 GB with --dtype bfloat16;
+table) that is ~9.7 GB + ~0.5 GB at 8 x 256 tokens in float32, ~4.8 GB + ~0.5 GB with --dtype bf16;
 the table (4.0 GB in bf16) adds only page cache. Measured on a 1.07 GB float32 table (tests/hf/test_memory.py):
 peak RSS +71 MB over the process after its imports for a diagnosis, +62 MB for an int4 export.
 """
