@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_export(sub) -> None:
+
     p = add_command(
         sub, "export", "Export a checkpoint (or a preset, with random weights) to a .ple file for the edge runtime.",
         "plelab export runs/esp32 --quant int4 --group 128 --out esp32.ple\n"
@@ -53,7 +54,9 @@ LAYOUT_FLAGS = {"quant": "--quant", "group": "--group", "embed_in_record": "--em
 
 
 def _add_layout_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quant", choices=["fp32", "fp16", "int8", "int4"],
+    from plelab.edge.quant import EXPORT_QUANTS  # NumPy only: `plelab run --engine c` stays free of torch
+
+    p.add_argument("--quant", choices=EXPORT_QUANTS,
                    help="encoding of matrices and tables (default int4; vectors stay fp16/fp32)")
     p.add_argument("--group", type=options.positive_int, help="values per fp16 scale for int8/int4 (default 128)")
     p.add_argument("--embed-in-record", action="store_true", default=None,
@@ -92,7 +95,7 @@ def run_export(args: argparse.Namespace) -> int:
     if (args.hf is None) == (args.source is None):
         raise PlelabError("give either a source (checkpoint, run, preset or config file) or --hf PATH")
     if args.hf is not None:
-        from plelab.edge.export import export_hf, hf_export_inputs
+        from plelab.hf.ple_export import export_hf, hf_export_inputs
 
         if args.overrides:
             raise PlelabError("--set only applies to presets and config files, not to --hf")
@@ -156,8 +159,9 @@ def _load_layout(args: argparse.Namespace):
                               "re-export with them, or plan the checkpoint or preset instead")
         with PleFile(path, verify="none") as f:
             return f.layout
-    from plelab.edge.export import checkpoint_config, hf_layout, layout_for_config
+    from plelab.edge.export import checkpoint_config, layout_for_config
     from plelab.hf.checkpoint import is_hf_folder
+    from plelab.hf.ple_export import hf_layout
     from plelab.model.presets import load_model_config
 
     if is_hf_folder(path):  # a Hugging Face Gemma folder: its table-only layout, from config.json alone

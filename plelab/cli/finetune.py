@@ -73,9 +73,11 @@ def _run(args: argparse.Namespace) -> int:
     cfg, ckpt = load_finetune_config(source, args.overrides, {"finetune.hf": hf, "data": data})
     from plelab.hf.finetune.checks import check_finetune_inputs
     from plelab.hf.finetune.trainer import FinetuneTrainer
+    from plelab.parallel.engine import from_environment
 
     check_finetune_inputs(cfg, ckpt)
-    trainer = FinetuneTrainer(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    trainer = FinetuneTrainer(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite,
+                              distribution=from_environment(cfg))
     world = trainer.world
     try:
         final = trainer.run()
@@ -113,27 +115,6 @@ def finetune_base(folder: str, base: str | None) -> str | None:
     from plelab.hf.finetune.adapter import read_record
 
     return (read_record(Path(folder)) or {}).get("base")
-
-
-def compare_with_base(report: dict, base: str, tuned: dict, batches: list, domains: list[str],
-                      args: argparse.Namespace) -> list[str]:
-    """Measure the base model on the same batches, add report["finetune"], return its text lines."""
-    import torch
-
-    from plelab.hf.checkpoint import HFCheckpoint
-    from plelab.hf.finetune.compare import compare_ple_use, format_comparison, measure_ple_use
-    from plelab.hf.model import load_text_model
-    from plelab.util.device import pick_device
-
-    if not Path(base).is_dir():
-        note = f"the base folder {base} is gone: no comparison of PLE use with it (pass --base PATH)"
-        report["notes"].append(note)
-        return [f"note: {note}"]
-    model = load_text_model(HFCheckpoint.open(base), getattr(torch, args.dtype))
-    model.lm.to(pick_device(args.device))
-    comparison = compare_ple_use(measure_ple_use(model, batches, args.layers), tuned, domains)
-    report["finetune"] = {"base": str(base), **comparison}
-    return format_comparison(comparison, base)
 
 
 def run_plan(args: argparse.Namespace) -> int:

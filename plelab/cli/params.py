@@ -8,7 +8,6 @@ import argparse
 from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
 from plelab.edge.budget import (
-    EXPORT_DTYPES,
     FREE_WIDTH,
     active_flops,
     active_params_per_token,
@@ -17,6 +16,7 @@ from plelab.edge.budget import (
     match_ffn,
     with_width,
 )
+from plelab.edge.quant import EXPORT_QUANTS
 from plelab.model.config import ModelConfig
 from plelab.model.params import count_params, sweep_ple, with_ple_dim
 from plelab.model.presets import PRESETS, load_model_config
@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
         "  plelab params esp32-28m --json\n"
         "  plelab params seed-3b --set hidden_size=2048 --set num_layers=30 --set ple.vocab_size=262144 "
         "--ple-dim 256\n"
-        "  plelab params small-ple --set ffn.kind=mglu --match-ffn inference-bytes --export-dtype int4\n"
+        "  plelab params small-ple --set ffn.kind=mglu --match-ffn inference-bytes --quant int4\n"
         "  plelab params small-ple --set ffn.kind=moe --set ffn.shared_expert=true --match-ffn active-flops "
         "--reference-set ffn.intermediate_size=512",
         run,
@@ -64,8 +64,11 @@ def add_parser(sub) -> None:
     p.add_argument("--reference-set", dest="reference_overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="--match-ffn's reference: MODEL with these overrides only (not --set / --ple-dim); "
                         "default MODEL itself (repeatable)")
-    p.add_argument("--export-dtype", choices=EXPORT_DTYPES, default="fp16",
-                   help="weight encoding of the edge export that inference bytes are counted at (default fp16)")
+    p.add_argument("--quant", choices=EXPORT_QUANTS, default="fp16",
+                   help="weight encoding of the edge export (as `plelab export --quant`) that inference bytes are "
+                        "counted at (default fp16)")
+    p.add_argument("--export-dtype", dest="quant", choices=EXPORT_QUANTS, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # its old name
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_set_flag(p)
 
@@ -93,22 +96,22 @@ def _suggest(model: str, hidden: int, as_json: bool) -> int:
 
 def _match(args: argparse.Namespace, cfg: ModelConfig) -> int:
     """Solve the FFN width for one budget and print it with the solved and reference values."""
-    budget, dtype = MATCH_BUDGETS[args.match_ffn], args.export_dtype
+    budget, quant = MATCH_BUDGETS[args.match_ffn], args.quant
     reference = load_model_config(args.model, args.reference_overrides)
-    matched = match_ffn(cfg, reference, budget, dtype)
+    matched = match_ffn(cfg, reference, budget, quant)
     field = FREE_WIDTH[cfg.ffn.kind]
     width = getattr(matched.ffn, field)
-    value, target = budget_value(matched, budget, dtype), budget_value(reference, budget, dtype)
+    value, target = budget_value(matched, budget, quant), budget_value(reference, budget, quant)
     # pruned: prune_to must stay below intermediate_size, so there may be no next width to show
     allowed = cfg.ffn.kind != "pruned" or width + 1 < cfg.ffn.intermediate_size
-    next_value = budget_value(with_width(matched, width + 1), budget, dtype) if allowed else None
-    result = {"model": args.model, "ffn_kind": cfg.ffn.kind, "budget": budget, "export_dtype": dtype,
+    next_value = budget_value(with_width(matched, width + 1), budget, quant) if allowed else None
+    result = {"model": args.model, "ffn_kind": cfg.ffn.kind, "budget": budget, "export_dtype": quant,
               "field": f"ffn.{field}", "width": width, "value": value, "reference_value": target,
               "next_value": next_value, "set": f"ffn.{field}={width}"}
     if args.json:
         print_json(result)
         return 0
-    unit = f" ({dtype} export)" if budget == "inference_bytes" else ""
+    unit = f" ({quant} export)" if budget == "inference_bytes" else ""
     print(f"{args.model}: ffn={cfg.ffn.kind} matched to the reference's {budget.replace('_', ' ')}{unit}")
     print(f"  {'solved width':<28} ffn.{field} = {width}   (use --set ffn.{field}={width})")
     print(f"  {'value':<28} {value:>16,}  ({100 * value / target:.2f} % of the reference)")
@@ -149,11 +152,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     c = count_params(cfg)
     per_token = {"active_params_per_token": active_params_per_token(cfg),
-                 "inference_bytes": inference_bytes(cfg, args.export_dtype), "active_flops": active_flops(cfg)}
+                 "inference_bytes": inference_bytes(cfg, args.quant), "active_flops": active_flops(cfg)}
     if args.json:
         print_json({"model": args.model, "ple_dim": cfg.ple.dim, **c,
                     "pct_of_base": 100.0 * c["ple_added"] / c["base_total"], **per_token,
-                    "export_dtype": args.export_dtype})
+                    "export_dtype": args.quant})
         return 0
     print(f"{args.model}: V={cfg.vocab_size:,} H={cfg.hidden_size} L={cfg.num_layers} heads={cfg.num_heads}/"
           f"{cfg.kv_heads} ffn={cfg.ffn.kind}:{cfg.ffn.intermediate_size} dP={cfg.ple.dim}")
@@ -169,6 +172,6 @@ def run(args: argparse.Namespace) -> int:
               f"of PLE added: {100 * c['ple_table'] / c['ple_added']:.1f} %")
     print("per decoded token:")
     print(f"  {'active parameters':<42} {per_token['active_params_per_token']:>16,}")
-    print(f"  {f'weight bytes read ({args.export_dtype} export)':<42} {per_token['inference_bytes']:>16,}")
+    print(f"  {f'weight bytes read ({args.quant} export)':<42} {per_token['inference_bytes']:>16,}")
     print(f"  {'matmul FLOPs (attention scores apart)':<42} {per_token['active_flops']:>16,}")
     return 0

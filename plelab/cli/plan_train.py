@@ -79,6 +79,7 @@ def add_parser(sub) -> None:
 
 
 def _train_config(source: str, overrides: list[str]):
+    import plelab.vision  # noqa: F401 - registers the [vision] section
     from plelab.model.presets import PRESETS
     from plelab.training.config import load_train_config
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from plelab.cli import options
 from plelab.cli.common import add_command, print_json
-from plelab.errors import PlelabError
 
 
 def add_parser(sub) -> None:
@@ -67,57 +67,31 @@ def _widths(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Analyse, plot, write."""
+    """Analyse with the folder's study (plelab.experiments.studies), write, print the summary or the JSON."""
+    from plelab.experiments.studies import make_report, report_from_records
+
     if args.review:
         from plelab.experiments.review_report import run_review
 
         for path in run_review(args.dir, args.out, overwrite=args.overwrite):
             print(path)
         return 0
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     if Path(args.dir).is_file():
-        from plelab.experiments.records import report_from_records
-
-        analysis, paths = report_from_records(args.dir, args.out, overwrite=args.overwrite)
-        if args.json:
-            print_json(analysis)
-        else:
-            print("\n".join(str(p) for p in paths))
-        return 0
-    if args.law or args.predict:
-        from plelab.experiments.law_report import run_law_report
-
-        return run_law_report(args.dir, args.out, predict=args.predict, overwrite=args.overwrite, as_json=args.json)
-    from plelab.experiments.vision_study import is_vision_sweep
-
-    if is_vision_sweep(args.dir):  # before the variant check: the visual PLE study is a variant sweep too
-        from plelab.experiments.vision_study import run_vision_report
-
-        if args.measure_decode:
-            raise PlelabError(f"--measure-decode works on the FFN study's sweeps; {args.dir} is a visual PLE study")
-        return run_vision_report(args.dir, args.out, overwrite=args.overwrite, as_json=args.json, plan=args.plan)
-    from plelab.experiments.ffn_study import is_variant_sweep
-
-    if is_variant_sweep(args.dir):
-        from plelab.experiments.ffn_report import run_ffn_report
-
-        return run_ffn_report(args.dir, args.out, measure_decode=args.measure_decode,
-                              decode_tokens=args.decode_tokens, decode_runtime=args.decode_runtime,
-                              overwrite=args.overwrite, as_json=args.json, plan=args.plan)
-    if args.measure_decode:
-        raise PlelabError("--measure-decode works on a sweep with [variants] (the FFN study); "
-                          f"{args.dir} has none")
-    from plelab.experiments.analysis import analyze_sweep
-    from plelab.experiments.report import write_report
-    from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE
-
-    analysis = analyze_sweep(args.dir, plan=args.plan)
-    out = Path(args.out or args.dir)
-    own = out.resolve() == Path(args.dir).resolve()  # the sweep folder's report is regenerated in place
-    inputs = (Path(args.dir) / DB_FILE, Path(args.dir) / RESOLVED_FILE)
-    paths = write_report(analysis, out, overwrite=own or args.overwrite, inputs=inputs)
-    if args.json:
-        print_json(analysis)
+        study, analysis, paths = report_from_records(args.dir, args.out, overwrite=args.overwrite)
     else:
-        for p in paths:
-            print(p)
+        study, analysis, paths = make_report(
+            args.dir, args.out, flags=("law",) if args.law or args.predict else (), overwrite=args.overwrite,
+            say=say, predict=args.predict, measure_decode=args.measure_decode, decode_tokens=args.decode_tokens,
+            decode_runtime=args.decode_runtime, plan=args.plan)
+    if args.json:
+        print_json(study.to_json(analysis))
+        return 0
+    for line in study.summary(analysis, Path(args.dir), {"predict": args.predict}):
+        print(line)
+    for p in paths:
+        print(p)
     return 0

@@ -73,7 +73,7 @@ def run_on_every_rank(body, args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from plelab.training.factory import trainer_class
+    import plelab.vision  # noqa: F401 - registers the [vision] section (vision runs train with this command)
 
     out = Path(args.out)
     if args.resume and args.overwrite:
@@ -93,7 +93,11 @@ def _run(args: argparse.Namespace) -> int:
         if args.resume:
             raise PlelabError("--init-from-hf starts a new run; --resume continues one from its own checkpoint")
         cfg = dataclasses.replace(cfg, model=gemma4_folder_config(args.init_from_hf, cfg.model))
-    trainer = trainer_class(cfg)(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    from plelab.parallel.engine import from_environment
+    from plelab.training.trainer import trainer_for
+
+    trainer = trainer_for(cfg)(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite,
+                                 distribution=from_environment(cfg))
     if args.init_from_hf:
         try:
             load_hf_gemma4_weights(trainer.model, args.init_from_hf)

@@ -180,11 +180,6 @@ class BatchLoader:
         self._perm: np.ndarray | None = None
         self._perm_epoch = -1
 
-    @property
-    def tokens_per_batch(self) -> int:
-        """Tokens this rank consumes per batch."""
-        return self.batch_size * self.seq_len
-
     def _permutation(self) -> np.ndarray:
         if self._perm_epoch != self.epoch:
             rng = np.random.default_rng([self.seed, self.epoch])

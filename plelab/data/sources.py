@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal, get_args
 
 from plelab.errors import PlelabError
 
@@ -33,7 +33,8 @@ SEPARATOR = "<|endoftext|>"
 PIECE_CHARS = 1 << 16  # part of the determinism contract: the split key hashes a document's first piece
 SNIFF_BYTES = 8192
 NUL = b"\x00"
-KINDS = ("text", "jsonl", "parquet", "hf")
+SourceFormat = Literal["auto", "text", "jsonl", "parquet", "hf"]
+KINDS: tuple[str, ...] = get_args(SourceFormat)[1:]
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
 PARQUET_SUFFIXES = {".parquet"}
@@ -47,7 +48,7 @@ class DataError(PlelabError):
 class SourceOptions:
     """How to read inputs: forced format, JSONL/parquet/HF text field, HF DatasetDict split, text separator."""
 
-    format: str = "auto"  # auto | text | jsonl | parquet | hf
+    format: SourceFormat = "auto"
     text_field: str = "text"
     hf_split: str | None = None  # for a DatasetDict folder; default: "train" when present
     separator: str = SEPARATOR

@@ -9,11 +9,15 @@ measured on a width it never saw: that accuracy, not the fit's, is what `plelab 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from plelab.diagnostics.verdict import ALIVE_DELTA
+from plelab.errors import PlelabError
+from plelab.runs.metrics import read_metrics
 from plelab.stats import accuracy_vs_base_rate, majority, spearman
 
 FRACTIONS = (0.05, 0.1, 0.15, 0.2)
@@ -239,6 +243,20 @@ def predict_run(metrics: Sequence[dict[str, Any]], total_steps: int, rule: dict[
                    f"here {value if value is None else format(value, '.4g')} at step {reached['step']}; "
                    f"measured accuracy: {accuracy}")
     return out
+
+
+def predict_from_run(run_dir: str | Path, rule: dict[str, Any] | None) -> dict[str, Any]:
+    """`predict_run` on a run directory's logged trajectory (RUN_DIR/metrics.jsonl, max_steps from config.json)."""
+    run_dir = Path(run_dir)
+    config = run_dir / "config.json"
+    if not (run_dir / "metrics.jsonl").is_file() or not config.is_file():
+        raise PlelabError(f"--early wants a run directory with metrics.jsonl and config.json, got {run_dir}")
+    try:
+        total = int(json.loads(config.read_text(encoding="utf-8"))["max_steps"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise PlelabError(f"{config}: no readable max_steps ({exc})") from None
+    metrics, _ = read_metrics(run_dir)
+    return predict_run(metrics, total, rule)
 
 
 def format_prediction(report: dict[str, Any]) -> str:

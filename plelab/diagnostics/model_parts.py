@@ -38,11 +38,6 @@ def table_layer_view(table: torch.Tensor, model: nn.Module) -> torch.Tensor:
     return table.reshape(table.shape[0], inputs.num_layers, inputs.dim)
 
 
-def layer_slot(model: nn.Module, layer: int) -> int:
-    """Position of a PLE layer's slice in the packed table."""
-    return unwrap(model).ple_slot[layer]
-
-
 def is_ple_param(name: str) -> bool:
     """True for parameters that exist only because of PLE (table, context projection, injections)."""
     return name.startswith("per_layer_inputs.") or ".ple." in name

@@ -12,7 +12,7 @@ architecture and FFN kind without allocating a weight):
 
 A `pruned` FFN ships as the plain SwiGLU of width prune_to (`shipped_config`, as the export writes it), so
 that is what is counted. Bytes follow the edge export (plelab/edge/export.py) to the byte: matrices and table rows at
-the export dtype plus one fp16 scale per `group` values for int8/int4, vectors at fp32 in an fp32 export and
+the export encoding (quant) plus one fp16 scale per `group` values for int8/int4, vectors at fp32 in an fp32 export and
 fp16 otherwise, masks packed 8 per byte; a tied head is the embedding table, read whole, each row carrying its
 own scales; each MoE expert is a tensor of its own.
 """
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from plelab.edge.export import EMBED, PLE_TABLE, ExportOptions, shipped_config
-from plelab.edge.quant import DTYPES, Encoding
+from plelab.edge.quant import EXPORT_QUANTS, Encoding
 from plelab.errors import PlelabError
 from plelab.model.config import FFNConfig, ModelConfig
 from plelab.model.ffn import MGLU, build_ffn
@@ -40,7 +40,6 @@ from plelab.model.transformer import LanguageModel
 from plelab.util.dataclass_config import from_dict, to_dict
 
 BUDGETS = ("ffn_params", "inference_bytes", "active_flops")
-EXPORT_DTYPES = tuple(d for d in DTYPES if d != "u1")  # what `plelab export --quant` writes (u1 is masks only)
 # The width match_ffn solves for, per FFN kind (FFNConfig field).
 FREE_WIDTH = {"swiglu": "intermediate_size", "mglu": "intermediate_size", "lowrank": "rank",
               "moe": "expert_size", "pruned": "prune_to"}
@@ -50,7 +49,7 @@ MATCH_TOLERANCE = 0.10
 
 
 class BudgetError(PlelabError):
-    """A budget that cannot be computed or met (unknown budget or dtype, no width within tolerance)."""
+    """A budget that cannot be computed or met (unknown budget or quant, no width within tolerance)."""
 
 
 ReadKind = Literal["matrix", "vector", "mask", "row"]
@@ -158,10 +157,10 @@ def active_flops(cfg: ModelConfig) -> int:
     return 2 * sum(r.numel * r.times * r.macs for r in token_reads(cfg))
 
 
-def _export_options(dtype: str) -> ExportOptions:
-    if dtype not in EXPORT_DTYPES:
-        raise BudgetError(f"export dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
-    return ExportOptions(quant=dtype)
+def _export_options(quant: str) -> ExportOptions:
+    if quant not in EXPORT_QUANTS:
+        raise BudgetError(f"export quant must be one of {', '.join(EXPORT_QUANTS)}, got {quant!r}")
+    return ExportOptions(quant=quant)
 
 
 def read_bytes(read: Read, opts: ExportOptions) -> int:
@@ -170,24 +169,24 @@ def read_bytes(read: Read, opts: ExportOptions) -> int:
     return read.times * (enc.code_bytes(read.numel) + enc.scale_bytes(read.numel))
 
 
-def inference_bytes(cfg: ModelConfig, dtype: str = "fp16") -> int:
-    """Weight bytes read per decoded token from the model exported at `dtype` (fp32, fp16, int8, int4): the
+def inference_bytes(cfg: ModelConfig, quant: str = "fp16") -> int:
+    """Weight bytes read per decoded token from the model exported at `quant` (fp32, fp16, int8, int4): the
     reads of `token_reads` encoded as plelab/edge/export.py stores them (the KV cache is not counted)."""
-    opts = _export_options(dtype)
+    opts = _export_options(quant)
     return sum(read_bytes(r, opts) for r in token_reads(cfg))
 
 
-def budget_value(cfg: ModelConfig, budget: str, dtype: str = "fp16") -> int:
+def budget_value(cfg: ModelConfig, budget: str, quant: str = "fp16") -> int:
     """The model's value on one budget of BUDGETS.
 
     ffn_params: the shipped FFN weights over all layers (count_params' "ffn": MoE with every expert and the
     router, pruned at prune_to, MGLU without its 1-bit masks, as the published "halves gate/up" counts);
-    inference_bytes: `inference_bytes(cfg, dtype)`; active_flops: `active_flops(cfg)`.
+    inference_bytes: `inference_bytes(cfg, quant)`; active_flops: `active_flops(cfg)`.
     """
     if budget == "ffn_params":
         return count_params(cfg)["ffn"]
     if budget == "inference_bytes":
-        return inference_bytes(cfg, dtype)
+        return inference_bytes(cfg, quant)
     if budget == "active_flops":
         return active_flops(cfg)
     raise BudgetError(f"unknown budget {budget!r}; use one of {', '.join(BUDGETS)}")
@@ -228,7 +227,7 @@ def _largest_at_most(value: Callable[[int], int], target: int, start: int, cap: 
     return lo
 
 
-def match_ffn(cfg: ModelConfig, reference: ModelConfig, budget: str, dtype: str = "fp16",
+def match_ffn(cfg: ModelConfig, reference: ModelConfig, budget: str, quant: str = "fp16",
               tolerance: float = MATCH_TOLERANCE) -> ModelConfig:
     """`cfg` with its FFN's free width (FREE_WIDTH: intermediate_size, rank, expert_size or prune_to) set to
     the largest value whose `budget_value` does not exceed the reference's.
@@ -238,14 +237,14 @@ def match_ffn(cfg: ModelConfig, reference: ModelConfig, budget: str, dtype: str 
     """
     if budget not in BUDGETS:
         raise BudgetError(f"unknown budget {budget!r}; use one of {', '.join(BUDGETS)}")
-    _export_options(dtype)
+    _export_options(quant)
     kind, field = cfg.ffn.kind, FREE_WIDTH[cfg.ffn.kind]
-    target = budget_value(reference, budget, dtype)
+    target = budget_value(reference, budget, quant)
     cache: dict[int, int] = {}
 
     def value(width: int) -> int:
         if width not in cache:
-            cache[width] = budget_value(with_width(cfg, width), budget, dtype)
+            cache[width] = budget_value(with_width(cfg, width), budget, quant)
         return cache[width]
 
     cap = cfg.ffn.intermediate_size - 1 if kind == "pruned" else MAX_WIDTH

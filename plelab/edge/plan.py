@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -31,6 +31,9 @@ KV_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 ROUTED = ".mlp.experts."  # in the name of every MoE expert tensor (plelab.edge.export.file_tensors)
 
 
+TierKind = Literal["ram", "storage"]
+
+
 class PlanError(PlelabError):
     """A device file or device name that cannot be used."""
 
@@ -40,7 +43,7 @@ class Tier:
     """One memory of a device (see devices.toml for the fields)."""
 
     name: str
-    kind: str
+    kind: TierKind
     capacity: int
     read_mb_s: float
     latency_us: float = 0.0
@@ -103,7 +106,7 @@ def _tier(t: Any, where: str) -> Tier:
             raise PlanError(f"{where}: missing field {key}")
     if not isinstance(t["name"], str) or not t["name"]:
         raise PlanError(f"{where}: name must be a non-empty string, got {t['name']!r}")
-    if t["kind"] not in ("ram", "storage"):
+    if t["kind"] not in get_args(TierKind):
         raise PlanError(f"{where}: kind must be \"ram\" or \"storage\", got {t['kind']!r}")
     values = {k: _number(t[k], where, k, *rule) for k, rule in _TIER_FIELDS.items() if k in t}
     return Tier(t["name"], t["kind"], **values)

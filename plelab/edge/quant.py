@@ -18,12 +18,17 @@ the encoding stays symmetric. This module is NumPy only: the runtime imports it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
 from plelab.errors import PlelabError
 
 DTYPES = ("fp32", "fp16", "int8", "int4", "u1")
+ExportQuant = Literal["fp32", "fp16", "int8", "int4"]
+EXPORT_QUANTS: tuple[str, ...] = get_args(ExportQuant)
+"""The export encodings of matrices and tables (`plelab export --quant`, `plelab params --quant`); u1 is for
+MGLU masks only."""
 QMAX = {"int8": 127, "int4": 7}
 # Scale candidates (fractions of absmax / qmax) tried by the search; 1.0 first so ties keep plain absmax.
 SEARCH_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)

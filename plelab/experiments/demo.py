@@ -11,6 +11,7 @@ import hashlib
 import json
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,15 +106,17 @@ def demo_config(run: Path, base: dict[str, Any], steps: int, valid: Path | None)
 
 def run_demo(
     out: Path, data: Path | None = None, minutes: float = 6.0, preset: str = "mini-ple", vocab_size: int = 4096,
-    max_corpus_mb: float = 12.0, steps: int | None = None,
+    max_corpus_mb: float = 12.0, steps: int | None = None, say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Prepare data, train PLE and its dP = 0 twin for the same steps, evaluate both per domain; return the table."""
+    """Prepare data, train PLE and its dP = 0 twin for the same steps, evaluate both per domain; return the table.
+
+    `say` receives the progress lines (corpus, timing, each run's start); the trainers print their own."""
     t0 = time.perf_counter()
     corpus = data_corpus(data) if data else None  # a bad --data fails here, before anything is written
     check_output_path(out, overwrite=True, is_dir=True)  # the work folder is resumed, never a file
     out.mkdir(parents=True, exist_ok=True)
     corpus = corpus or stdlib_corpus(out, int(max_corpus_mb * 1e6))
-    print(f"corpus: {corpus.description}")
+    say(f"corpus: {corpus.description}")
     tok_path = out / "tokenizer.json"
     if not (out / "data" / "manifest.json").exists():
         tokenizer = resolve_tokenizer(tok_path, corpus.train, vocab_size=vocab_size, max_bytes=int(4e6),
@@ -123,7 +126,7 @@ def run_demo(
     base = {"preset": preset, "vocab_size": vocab_size}
     ple_dim = load_train_config({"model": base}).model.ple.dim
     if steps is None:
-        steps = _steps_for_budget(out, base, corpus.valid_dir, minutes * 60 - (time.perf_counter() - t0))
+        steps = _steps_for_budget(out, base, corpus.valid_dir, minutes * 60 - (time.perf_counter() - t0), say)
     results = {}
     for name, overrides in (("ple", []), ("base", ["model.ple.dim=0"])):
         cfg = demo_config(out, base, steps, corpus.valid_dir)
@@ -131,7 +134,7 @@ def run_demo(
             cfg = load_train_config(json.loads(json.dumps(_plain(cfg))), overrides)
         run_dir = out / name
         resume = (run_dir / "checkpoints").is_dir()
-        print(f"\n== {name}: dP={cfg.model.ple.dim}, {count_params(cfg.model)['total']:,} params, {steps} steps ==")
+        say(f"\n== {name}: dP={cfg.model.ple.dim}, {count_params(cfg.model)['total']:,} params, {steps} steps ==")
         final = Trainer(cfg, run_dir, resume=resume).run()
         results[name] = {"final": final["final_eval"], "params": count_params(cfg.model),
                          "tokens": final.get("tokens"), "train_loss": final.get("loss")}
@@ -146,7 +149,8 @@ def _plain(cfg: TrainConfig) -> dict[str, Any]:
     return train_config_dict(cfg)
 
 
-def _steps_for_budget(out: Path, base: dict[str, Any], valid: Path | None, seconds: float) -> int:
+def _steps_for_budget(out: Path, base: dict[str, Any], valid: Path | None, seconds: float,
+                      say: Callable[[str], None] = print) -> int:
     """Time a few steps of the PLE model and pick the step count that fits both runs in `seconds`."""
     cfg = demo_config(out, base, 8, valid)
     cfg = load_train_config(_plain(cfg), ["eval_data=", "ckpt_every=1000"])
@@ -161,7 +165,7 @@ def _steps_for_budget(out: Path, base: dict[str, Any], valid: Path | None, secon
     shutil.rmtree(out / "probe", ignore_errors=True)
     # 2 runs; the dP = 0 twin is a little faster; keep ~25 % for evaluation and checkpoints.
     steps = int(0.75 * seconds / (2 * per_step))
-    print(f"timing: {per_step * 1000:.0f} ms/step with PLE on {torch.get_num_threads()} threads -> {steps} steps each")
+    say(f"timing: {per_step * 1000:.0f} ms/step with PLE on {torch.get_num_threads()} threads -> {steps} steps each")
     if steps < 20:
         raise PlelabError(f"only {steps} steps fit in the time budget; give more --minutes")
     return steps

@@ -1,28 +1,26 @@
 """The FFN study's report: variant summary, per-domain Δ tables, the published table beside ours, gap timeline plots.
 
-Rendered with the sweep report's blocks (report.write_pages) into OUT/report.md, OUT/report.html and
+Rendered as blocks (pages.write_pages) into OUT/report.md, OUT/report.html and
 OUT/plots/ffn_gap.png, ffn_loss.png. The numbers come from ffn_study.study_analysis, which `--json` prints.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
 from plelab.experiments.ffn_study import (
     DECODE_FILE,
-    EXPORT_DTYPE,
+    EXPORT_QUANT,
     PUBLISHED_DOMAINS,
     PUBLISHED_TIMELINE,
-    analysis_from_records,
     load_study,
     study_records,
 )
-from plelab.experiments.report import Block, fmt, write_pages
+from plelab.experiments.pages import Block, fmt, write_pages
 from plelab.util.fs import atomic_write_bytes
 
 SIGN_MARK = {1: " ▲", -1: " ▼", 0: "", None: ""}
@@ -273,11 +271,13 @@ def write_ffn_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite
                        figures, overwrite=overwrite, inputs=inputs, records=records)
 
 
-def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "numpy") -> dict[str, dict[str, Any]]:
+def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "numpy",
+                       say: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
     """Measure decode cost on each variant's first seed and write FOLDER/decode.json; return {variant: result}.
 
-    Exported at the study's EXPORT_DTYPE, so bytes per token compare with the inference bytes column. A variant
+    Exported at the study's EXPORT_QUANT, so bytes per token compare with the inference bytes column. A variant
     the runtime refuses (one line, PlelabError) is recorded with its error and the others are still measured.
+    `say` receives a progress line per variant.
     """
     try:
         from plelab.edge.decode_cost import measure_decode
@@ -288,45 +288,41 @@ def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "num
     for v in data["variants"]:
         seeds = sorted(s for var, s in data["run_dirs"] if var == v)
         if not seeds:
-            print(f"decode: variant {v} has no finished run; skipped", file=sys.stderr)
+            say(f"decode: variant {v} has no finished run; skipped")
             continue
         run_dir = data["run_dirs"][(v, seeds[0])]
-        print(f"decode: {v} (seed {seeds[0]}, {tokens} tokens, {runtime} runtime) ...", file=sys.stderr)
+        say(f"decode: {v} (seed {seeds[0]}, {tokens} tokens, {runtime} runtime) ...")
         try:
-            result = measure_decode(run_dir, tokens=tokens, runtime=runtime, quant=EXPORT_DTYPE)
+            result = measure_decode(run_dir, tokens=tokens, runtime=runtime, quant=EXPORT_QUANT)
         except PlelabError as exc:
-            print(f"decode: {v}: {exc}", file=sys.stderr)
+            say(f"decode: {v}: {exc}")
             result = {"error": str(exc)}
         out[v] = {**result, "seed": seeds[0], "run_dir": run_dir}
     atomic_write_bytes(Path(folder) / DECODE_FILE, json.dumps(out, indent=2).encode())
     return out
 
 
-def run_ffn_report(folder: str | Path, out: str | Path | None, *, measure_decode: bool = False,
-                   decode_tokens: int = 64, decode_runtime: str = "numpy", overwrite: bool = False,
-                   as_json: bool = False, plan: str | Path | None = None) -> int:
-    """`plelab report DIR` on a sweep with [variants]: (measure decode,) analyse, write, print."""
-    from plelab.cli.common import print_json
+def ffn_report_records(folder: str | Path, *, measure_decode: bool = False, decode_tokens: int = 64,
+                       decode_runtime: str = "numpy", say: Callable[[str], None] = lambda line: None,
+                       plan: str | Path | None = None) -> dict[str, Any]:
+    """`plelab report DIR` on a sweep with [variants]: (measure decode first,) then the study's per-seed records."""
+    folder = Path(folder)
+    if measure_decode:
+        say("measuring decode speed: the timings mean something only on an otherwise idle machine")
+        measure_all_decode(folder, decode_tokens, decode_runtime, say)
+    return study_records(folder, plan=plan)
+
+
+def ffn_report_inputs(folder: str | Path) -> tuple[Path, ...]:
+    """Files the report reads from the sweep folder (its output must be none of them)."""
     from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE
 
     folder = Path(folder)
-    if measure_decode:
-        print("measuring decode speed: the timings mean something only on an otherwise idle machine",
-              file=sys.stderr)
-        measure_all_decode(folder, decode_tokens, decode_runtime)
-    records = study_records(folder, plan=plan)
-    analysis = analysis_from_records(records)
-    out_dir = Path(out or folder)
-    own = out_dir.resolve() == folder.resolve()  # the sweep folder's report is regenerated in place
-    inputs = (folder / DB_FILE, folder / RESOLVED_FILE, folder / DECODE_FILE)
-    paths = write_ffn_report(analysis, out_dir, overwrite=own or overwrite, inputs=inputs, records=records)
-    if as_json:
-        print_json(analysis)
-        return 0
-    for name, r in analysis["variants"].items():
-        if name != analysis["baseline"]:
-            print(f"{name}: macro Δ {_delta(r['macro_delta'], r['macro_delta_se'])}, {r['domains_worse']}/"
-                  f"{r['domains_total']} domains worse: {r['verdict']}")
-    for path in paths:
-        print(path)
-    return 0
+    return folder / DB_FILE, folder / RESOLVED_FILE, folder / DECODE_FILE
+
+
+def ffn_summary(analysis: dict[str, Any]) -> list[str]:
+    """One line per variant against the baseline: macro Δ, domains worse, verdict."""
+    return [f"{name}: macro Δ {_delta(r['macro_delta'], r['macro_delta_se'])}, {r['domains_worse']}/"
+            f"{r['domains_total']} domains worse: {r['verdict']}"
+            for name, r in analysis["variants"].items() if name != analysis["baseline"]]

@@ -52,8 +52,8 @@ from plelab.experiments.sweep_store import SweepStore
 
 UNIFORM_SHARE = 7 / 8
 """A *uniform* verdict needs Δ on the same side on at least this share of the domains (14 of 16): descriptive."""
-EXPORT_DTYPE = "fp16"
-"""Export precision the study's inference bytes are counted at."""
+EXPORT_QUANT = "fp16"
+"""Export encoding (`plelab export --quant`) the study's inference bytes are counted at."""
 DECODE_FILE = "decode.json"
 """In the sweep folder: {variant: measure_decode(...) result} for the variant's first seed."""
 
@@ -332,7 +332,7 @@ def analyze_study(finals: Finals, baseline: str, variants: Sequence[str] | None 
     if timelines and not any(timeline.values()):
         notes.append("no timeline points: the runs evaluated only at the end (set eval_timeline in the sweep)")
     return jsonable({
-        "baseline": baseline, "heldout_domain": HELDOUT_DOMAIN, "export_dtype": EXPORT_DTYPE, "margin": margin,
+        "baseline": baseline, "heldout_domain": HELDOUT_DOMAIN, "export_dtype": EXPORT_QUANT, "margin": margin,
         "alpha": alpha, "variants": out_variants, "domains": domains, "timeline": timeline, "rules": RULES,
         "notes": notes,
     })
@@ -415,7 +415,7 @@ def load_study(folder: str | Path) -> dict[str, Any]:
                 (_variant(r), _seed(r)): str(folder / "runs" / r["name"]) for r in runs if r["status"] == "done"}}
 
 
-def variant_costs(config: dict[str, Any], dtype: str = EXPORT_DTYPE) -> dict[str, int]:
+def variant_costs(config: dict[str, Any], quant: str = EXPORT_QUANT) -> dict[str, int]:
     """Weights, MGLU mask elements, active params per token and inference bytes per token of a stored run config.
 
     `params` counts weights only: MGLU's masks ship at 1 bit per element (in `inference_bytes`, and apart as
@@ -429,7 +429,7 @@ def variant_costs(config: dict[str, Any], dtype: str = EXPORT_DTYPE) -> dict[str
     counts = count_params(model)
     return {"params": int(counts["total"] - counts["ffn_mask"]), "mask_elements": int(counts["ffn_mask"]),
             "active_params_per_token": int(active_params_per_token(model)),
-            "inference_bytes": int(inference_bytes(model, dtype))}
+            "inference_bytes": int(inference_bytes(model, quant))}
 
 
 def published_variant(configs: dict[str, dict[str, Any]], baseline: str) -> str | None:

@@ -1,6 +1,6 @@
 """The dead-zone-law report: per-width tables, the dP/H figure across widths, the law, the prediction, the early rule.
 
-Rendered with the sweep report's blocks (report.to_markdown / to_html) into OUT/law.md, OUT/law.html,
+Rendered as blocks (pages.to_markdown / to_html) into OUT/law.md, OUT/law.html,
 OUT/plots/law_vs_ratio.png, plus OUT/law.json (the full analysis) and OUT/deadzone_law.json (the compact
 result the study commits as plelab/experiments/deadzone_law.json).
 """
@@ -24,7 +24,7 @@ from plelab.experiments.law import (
     prediction_record,
     ratio_text,
 )
-from plelab.experiments.report import RECORDS_FILE, Block, fmt, plain_data, to_html, to_markdown
+from plelab.experiments.pages import RECORDS_FILE, Block, fmt, plain_data, to_html, to_markdown
 from plelab.util.fs import atomic_write_bytes, check_output_path
 
 PRIMARY = {"heldout": "the prepared data's held-out split", "loss": "macro over the evaluation domains"}
@@ -275,11 +275,10 @@ def write_law_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite
     return list(files)
 
 
-def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence[int] | None = None,
-                   overwrite: bool = False, as_json: bool = False) -> int:
-    """`plelab report DIR --law [--predict H]`: analyse, freeze a new prediction if asked, write, print."""
-    from plelab.cli.common import print_json
-
+def law_report_analysis(folder: str | Path,
+                        predict: Sequence[int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`plelab report DIR --law [--predict H]`: the law over DIR's sweeps and its records; with `predict`, the
+    prediction for those widths is frozen in DIR/prediction.json first (once: it is never overwritten)."""
     folder = Path(folder)
     frozen_path = folder / PREDICTION_FILE
     frozen = load_prediction(frozen_path)
@@ -294,24 +293,23 @@ def run_law_report(folder: str | Path, out: str | Path | None, predict: Sequence
         if measured:
             raise PlelabError(f"H = {sorted(set(measured))} already has finished runs: a prediction must come first")
         atomic_write_bytes(frozen_path, json.dumps(prediction_record(analysis), indent=2).encode())
-    out_dir = Path(out or folder)
-    own = out_dir.resolve() == folder.resolve()
-    records = law_records(runs, frozen)
-    paths = write_law_report(analysis, out_dir, overwrite=own or overwrite, inputs=(frozen_path,), records=records)
-    if as_json:
-        print_json(analysis)
-        return 0
-    for criterion, law in analysis["law"].items():
-        print(f"law ({criterion}): {law['reason']}")
-    for p in analysis["predictions"]:
-        print(f"prediction H={p['H']} {p['criterion']}: dP* {bracket_text(p['bracket'])} -> measured "
-              f"{bracket_text(p['measured'])}: {p['outcome']}")
+    return analysis, law_records(runs, frozen)
+
+
+def law_report_inputs(folder: str | Path) -> tuple[Path, ...]:
+    """Files the report reads from the folder besides the sweeps (its output must be none of them)."""
+    return (Path(folder) / PREDICTION_FILE,)
+
+
+def law_summary_lines(analysis: dict[str, Any], folder: str | Path, predict: Sequence[int] | None = None) -> list[str]:
+    """The law per criterion, each prediction and its outcome, and where a new prediction was frozen."""
+    lines = [f"law ({criterion}): {law['reason']}" for criterion, law in analysis["law"].items()]
+    lines += [f"prediction H={p['H']} {p['criterion']}: dP* {bracket_text(p['bracket'])} -> measured "
+              f"{bracket_text(p['measured'])}: {p['outcome']}" for p in analysis["predictions"]]
     if predict:
-        print(f"prediction frozen in {frozen_path}: commit it, and write it into docs/deadzone-law.md, before running "
-              f"H = {predict}")
-    for path in paths:
-        print(path)
-    return 0
+        lines.append(f"prediction frozen in {Path(folder) / PREDICTION_FILE}: commit it, and write it into "
+                     f"docs/deadzone-law.md, before running H = {predict}")
+    return lines
 
 
 LAW_KIND = "deadzone-law"

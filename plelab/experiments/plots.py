@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only: no display on a training box
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from plelab.experiments.sweep_runner import read_metrics  # noqa: E402
+from plelab.runs.metrics import read_metrics  # noqa: E402
 
 CLASS_COLORS = {"dead zone": "tab:red", "transition": "tab:green", "diminishing returns": "tab:orange",
                 "improvement": "tab:blue", "worse": "tab:purple", "n/a": "tab:gray"}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
-from plelab.experiments.report import Block, fmt, plain_data, write_pages
+from plelab.experiments.pages import Block, fmt, plain_data, write_pages
 from plelab.experiments.review import ffn_review, upgrade_law, visual_review
 from plelab.util.fs import atomic_write_bytes
 

@@ -46,8 +46,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import plelab.vision  # noqa: F401 - registers the [vision] section: sweeps train vision runs too
 from plelab.errors import PlelabError
 from plelab.training.config import TrainConfig, load_train_config, train_config_dict
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, parse_override, read_file, to_dict
@@ -81,7 +82,7 @@ class SweepOptions:
     """Torch threads per run; 0 = torch's default in-process, (CPU cores / parallel) for subprocesses."""
     baseline: str = ""
     """The variant the others are compared with (and matched against); empty = the first [variants] table."""
-    match_ffn: str = ""
+    match_ffn: Literal["", "ffn_params", "inference_bytes", "active_flops"] = ""
     """Size each variant's FFN to the baseline's budget: one of plelab.edge.budget.BUDGETS (ffn_params,
     inference_bytes, active_flops); empty = every variant keeps the width its config gives."""
     plan: str = ""

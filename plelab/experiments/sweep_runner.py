@@ -14,7 +14,6 @@ folder to SWEEP_DIR/superseded/ and trains the run again from scratch.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -28,6 +27,8 @@ from typing import Any, TextIO
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import RESOLVED_FILE, Sweep, SweepPoint
 from plelab.experiments.sweep_store import SweepStore, config_diff
+from plelab.runs.lock import RUN_LOCK, SWEEP_LOCK, FolderLock
+from plelab.runs.metrics import read_metrics
 from plelab.training.callbacks import Callback
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.util.fs import atomic_write_bytes, check_output_path, pid_alive
@@ -132,10 +133,10 @@ def stamp_config(point: SweepPoint, run_dir: Path) -> None:
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path):
-    """Hold RUN_DIR/.lock, waiting for a previous holder (an orphaned run finishing its last step) to let go."""
+    """Hold the run folder's lock (the trainer's own), waiting for a previous holder (an orphaned run finishing
+    its last step) to let go; the Trainer built inside takes it again (the lock is re-entrant in a process)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with FolderLock(run_dir, RUN_LOCK, wait=True, share=True):
         yield
 
 
@@ -143,33 +144,9 @@ def run_lock(run_dir: Path):
 def sweep_lock(folder: Path):
     """Hold SWEEP_DIR/.lock for the duration (released by the OS even if the holder is killed)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            raise SweepLocked(f"another `plelab sweep` (pid {f.read().strip() or '?'}) is running {folder}") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
+    with FolderLock(folder, SWEEP_LOCK, busy=lambda pid: SweepLocked(
+            f"another `plelab sweep` (pid {pid}) is running {folder}")):
         yield
-
-
-def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(training step lines, evaluation lines) of RUN_DIR/metrics.jsonl; a later line for the same step wins."""
-    train: dict[int, dict] = {}
-    evals: dict[int, dict] = {}
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return [], []
-    for line in path.read_text(errors="replace").splitlines():  # damaged bytes spoil one line, not the status
-        try:
-            m = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-        (evals if "eval" in m else train)[int(m.get("step", 0))] = m
-    return [train[k] for k in sorted(train)], [evals[k] for k in sorted(evals)]
 
 
 def _diagnostics(run_dir: Path) -> dict[str, Any]:
@@ -198,26 +175,12 @@ def read_timeline(run_dir: Path) -> list[dict[str, Any]]:
             for m in evals if m.get("timeline")]
 
 
-def _param_counts(cfg: Any) -> dict[str, int]:
-    """count_params of the run's model; for a [vision] run, of the model it really trains (visual table included)."""
-    if cfg.vision.enabled:
-        from plelab.vision.data import corpus_facts, open_corpus
-        from plelab.vision.model import vision_param_counts
-
-        f = corpus_facts(open_corpus(cfg.vision.corpus, "valid"))
-        return vision_param_counts(cfg.model, cfg.vision.ple_dim, f["codebook"], f["patches"], f["patch_pixels"],
-                                   cfg.vision.aux_weight > 0)
-    from plelab.model.params import count_params
-
-    return count_params(cfg.model)
-
-
 def collect_result(point: SweepPoint, run_dir: Path, final: dict[str, Any], wall: float) -> dict[str, Any]:
     """The run's summary: headline numbers, final evaluation per domain, timeline, parameter counts, diagnostics."""
     train, _ = read_metrics(run_dir)
     losses = [m["loss"] for m in train if m.get("loss") is not None]
     tail = losses[-max(1, round(TAIL_FRACTION * len(losses))):] if losses else []
-    params = _param_counts(point.config)
+    params = point.config.param_counts()
     final_eval = final.get("final_eval") or {}
     diag = _diagnostics(run_dir)
     matches = diag.get("early_matches_final") or {}
@@ -275,7 +238,7 @@ def train_point(point: SweepPoint, run_dir: Path, quiet: bool = True, threads: i
     """Train (or resume) one grid point in this process and return its result summary."""
     import torch
 
-    from plelab.training.factory import trainer_class
+    from plelab.training.trainer import trainer_for
 
     run_dir.mkdir(parents=True, exist_ok=True)
     old_threads = torch.get_num_threads()
@@ -285,7 +248,7 @@ def train_point(point: SweepPoint, run_dir: Path, quiet: bool = True, threads: i
     try:
         with open(run_dir / LOG_FILE, "a") as log, contextlib.redirect_stdout(_Tee(log, None if quiet else sys.stdout)):
             # The Trainer adds the callbacks the config asks for; resume=True starts at step 0 without a checkpoint.
-            trainer = trainer_class(point.config)(point.config, run_dir, callbacks=extra_callbacks, resume=True)
+            trainer = trainer_for(point.config)(point.config, run_dir, callbacks=extra_callbacks, resume=True)
             final = trainer.run()
     finally:
         torch.set_num_threads(old_threads)

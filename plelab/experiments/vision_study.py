@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from plelab import stats
 from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
 from plelab.experiments.ffn_study import load_study
-from plelab.experiments.report import Block, fmt, pm, write_pages
+from plelab.experiments.pages import Block, fmt, pm, write_pages
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
 from plelab.util.fs import atomic_write_bytes
@@ -517,25 +516,12 @@ def write_vision_report(analysis: dict[str, Any], out_dir: str | Path, *, overwr
                        figures, overwrite=overwrite, inputs=inputs, records=records)
 
 
-def run_vision_report(folder: str | Path, out: str | Path | None, *, overwrite: bool = False,
-                      as_json: bool = False, plan: str | Path | None = None) -> int:
-    """`plelab report DIR` on a vision sweep: diagnose (cached), analyse, write, print."""
-    from plelab.cli.common import print_json
+def vision_report_inputs(folder: str | Path) -> tuple[Path, ...]:
+    """Files the report reads from the sweep folder (its output must be none of them)."""
     from plelab.experiments.sweep import RESOLVED_FILE
 
     folder = Path(folder)
-    records = study_records(folder, lambda msg: print(f"plelab report: {msg}", file=sys.stderr, flush=True), plan)
-    analysis = analysis_from_records(records)
-    target = Path(out or folder)
-    own = target.resolve() == folder.resolve()
-    paths = write_vision_report(analysis, target, overwrite=own or overwrite,
-                                inputs=(folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE), records=records)
-    if as_json:
-        print_json(jsonable(analysis))
-    else:
-        for p in paths:
-            print(p)
-    return 0
+    return folder / DB_FILE, folder / RESOLVED_FILE, folder / DIAG_FILE
 
 
 def _finite(x: Any) -> bool:

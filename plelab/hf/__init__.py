@@ -1,8 +1,13 @@
-"""Local Hugging Face Gemma 3n / Gemma 4 folders: read their PLE without loading the table into RAM.
+"""Every piece of Hugging Face / Gemma checkpoint code: local Gemma 3n / Gemma 4 folders read without loading
+the PLE table into RAM, plelab models converted to and from HF names, and the exports in both directions.
 
     checkpoint.py   the folder: config.json, safetensors shards (single or indexed), tokenizer.json; checks
     safetensors.py  a pread-based safetensors reader: tensors in row chunks, arbitrary rows of the table
     model.py        the transformers text model with its PLE table served from disk (StreamedEmbedding)
+    interop.py      HF <-> plelab names and configs (Gemma PLE, Gemma 4, Llama); weights into LanguageModel
+    run_export.py   `plelab export-hf`: an arch = "gemma4" run as a folder transformers loads
+    ple_export.py   `plelab export --hf`: a Gemma folder's PLE table as a table-only .ple file
+    diagnose.py     `plelab diagnose --hf`: the PLE diagnosis of a Gemma folder
     finetune/       LoRA fine-tuning (plelab finetune) with the table left on disk; see docs/finetune.md
 
 Memory: the table is never materialised. Diagnosing reads only the rows a batch (or table health) needs,

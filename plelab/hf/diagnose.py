@@ -12,7 +12,7 @@ ablation reads the rows of each batch, table health only the rows of the most fr
 Expected peak RSS: the text model's non-table parameters x bytes per value (4 in float32) + activations of
 one batch (logits are computed LOGIT_CHUNK positions at a time) + the table rows of one batch and of table
 health (top_k x L x dP x 4 bytes). For Gemma 3n E2B (2.42e9 text parameters besides the 2.01e9-value
-table) that is ~9.7 GB + ~0.5 GB at 8 x 256 tokens in float32, ~4.8 GB + ~0.5 GB with --dtype bfloat16;
+table) that is ~9.7 GB + ~0.5 GB at 8 x 256 tokens in float32, ~4.8 GB + ~0.5 GB with --dtype bf16;
 the table (4.0 GB in bf16) adds only page cache. Measured on a 1.07 GB float32 table (tests/hf/test_memory.py):
 peak RSS +71 MB over the process after its imports for a diagnosis, +62 MB for an int4 export.
 """
@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -265,3 +267,46 @@ def hf_eval_batches(path: str, model: HFTextModel, batch_size: int, seq_len: int
     tokens = np.concatenate([x.reshape(-1).numpy() for x, _ in batches])
     desc = f"{len(streams)} domain(s) in {path}, {how}, {per_domain} batch(es) of {batch_size} x {seq_len} each"
     return batches, domains, tokens, desc
+
+
+def open_for_diagnosis(path: str | Path, data: str | None = None, *, layers: list[int] | None = None,
+                       dtype: str = "fp32", device: str = "cpu", batches: int = 8, batch_size: int = 8,
+                       seq_len: int | None = None, top_k: int | None = None,
+                       seed: int = 0) -> tuple[HFTextModel, dict[str, Any], str | None]:
+    """A Gemma folder's text model (its PLE table on disk) with `diagnose_hf`'s arguments and a description of
+    the data. dtype: of the in-memory text model, fp32 or bf16 (float32 / bfloat16 are accepted too)."""
+    from plelab.errors import PlelabError
+    from plelab.hf.checkpoint import HFCheckpoint
+    from plelab.hf.model import load_text_model
+    from plelab.inference.evaluate import check_seq_len
+    from plelab.util.device import OLD_PRECISION_NAMES, TORCH_DTYPES, pick_device
+
+    dtype = OLD_PRECISION_NAMES.get(dtype, dtype)
+    if dtype not in TORCH_DTYPES:
+        raise PlelabError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
+    ckpt = HFCheckpoint.open(path)
+    if layers is not None and max(layers) >= ckpt.num_layers:  # before loading gigabytes
+        raise PlelabError(f"--layers: {path} has layers 0..{ckpt.num_layers - 1}, got {max(layers)}")
+    context = ckpt.text_config.get("max_position_embeddings") or 256
+    seq_len = check_seq_len(seq_len or min(256, context), context)
+    model = load_text_model(ckpt, TORCH_DTYPES[dtype])
+    model.lm.to(pick_device(device))
+    kwargs: dict = {"layers": layers, "top_k": top_k or DEFAULT_TOP_K}
+    data_desc = None
+    if data:
+        found, domains, tokens, data_desc = hf_eval_batches(data, model, batch_size, seq_len, batches, seed)
+        kwargs.update(batches=found, domains=domains, token_ids=tokens, freq_source="the evaluation batches")
+    return model, kwargs, data_desc
+
+
+def folder_report(model: HFTextModel, kwargs: dict[str, Any], data_desc: str | None) -> dict[str, Any]:
+    """`diagnose_hf` on a model `open_for_diagnosis` gave, as the report `diagnose_run` gives for runs."""
+    report = {"checkpoint": str(model.ckpt.path), "run_dir": None, **diagnose_hf(model, **kwargs)}
+    report.setdefault("data", {})["source"] = data_desc
+    return report
+
+
+def diagnose_hf_folder(path: str | Path, data: str | None = None, **options: Any) -> dict[str, Any]:
+    """The diagnosis of a Hugging Face Gemma 3n / Gemma 4 folder, with per-domain deltas; its PLE table stays on
+    disk. options: those of `open_for_diagnosis`."""
+    return folder_report(*open_for_diagnosis(path, data, **options))

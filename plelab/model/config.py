@@ -129,9 +129,9 @@ class PLEConfig:
     table_init_std: float | None = None
     """Std of the table initialisation; None = the model's init_std."""
     sparse_grad: bool = False
-    """Sparse gradients for the PLE table (only the rows of the batch): the step cost stops growing with
-    V x L x dP, but the optimizer must accept sparse gradients (the trainer's lazy row-wise Adam does;
-    set by the training config's sparse_ple)."""
+    """Not a setting but a record: whether the table was built with sparse gradients (only the batch's rows).
+    The trainer sets it from the training config's sparse_ple on the model it builds, so checkpoints and
+    exports record it; a training config may not set it (plelab.training.config refuses true)."""
 
     def __post_init__(self) -> None:
         if self.dim < 0:

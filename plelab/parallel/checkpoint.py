@@ -4,7 +4,7 @@ Every rank writes its own shards (the PLE table rows it owns and their Adam mome
 optimizer shards) into one temp dir; rank 0 adds config.json, tokenizer.json and state.pt (step, loader, RNG,
 callbacks) and seals it with `commit_checkpoint` (fsync, manifest last, rename). Tensors are stored as global
 tensors (`Shard(0)` DTensors for the sharded ones), so DCP reshards on load: a checkpoint resumes on another
-world size, and `training/checkpoint.read_weights` reads it into one process. A single-process checkpoint
+world size, and `runs/checkpoint.read_weights` reads it into one process. A single-process checkpoint
 resumes on N ranks too (each rank keeps only its part of the table after reading it).
 """
 

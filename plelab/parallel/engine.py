@@ -8,7 +8,6 @@ clipper which gradients are partial, and to save and load sharded checkpoints.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,21 +15,17 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import checkpoint
 
 from plelab.errors import PlelabError
 from plelab.parallel import group
 from plelab.parallel.checkpoint import TABLE_WEIGHT, ShardLayout, load_sharded, save_sharded
 from plelab.parallel.table import ShardedEmbedding, shard_ple_table
+from plelab.runs.checkpoint import load_training_state, read_weights, save_checkpoint
+from plelab.training.distribution import Distribution, SingleProcess, checkpoint_activations, world_from_env
 from plelab.training.optim import Optimizer
+from plelab.util.device import pick_device
 
 T = TypeVar("T")
-
-
-def checkpoint_activations(model: nn.Module) -> None:
-    """Recompute each decoder layer's activations in backward instead of keeping them (names unchanged)."""
-    for layer in model.layers:
-        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
 
 
 def _no_buffer_sync() -> dict[str, bool]:
@@ -136,13 +131,23 @@ class Parallel:
 
     def save(self, ckpt_dir: Path, model: nn.Module, optimizer: Optimizer, train_config: dict[str, Any],
              state: dict[str, Any], tokenizer: Path | None) -> Path:
-        """Write a sharded checkpoint (every rank calls it)."""
+        """Write a sharded checkpoint (every rank calls it); in one process a plain one."""
+        if not self.distributed:
+            return save_checkpoint(ckpt_dir, model, train_config, state, tokenizer)
         state = {k: v for k, v in state.items() if k != "optimizer"}
         return save_sharded(ckpt_dir, model, optimizer, self.layout, train_config, state, tokenizer)
 
     def load(self, ckpt: Path, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
         """Load any checkpoint into this rank's parts (every rank calls it); returns the trainer state."""
+        if not self.distributed:
+            state = load_training_state(ckpt)
+            model.load_state_dict(read_weights(ckpt, model, self.device))
+            return state
         return load_sharded(ckpt, model, optimizer, self.layout)
+
+    def peer_failure(self, exc: BaseException) -> str | None:
+        """The gist of a collective's failure when another rank died or hung (None for any other error)."""
+        return group.peer_failure_text(exc) if self.distributed and group.is_peer_failure(exc) else None
 
     def close(self) -> None:
         """Tear the process group down (after the caller dropped the model and optimizer)."""
@@ -150,3 +155,9 @@ class Parallel:
         self.table = None
         self.layout = None
         group.destroy_group()
+
+
+def from_environment(cfg: Any, device: torch.device | None = None) -> Distribution:
+    """The Distribution of a run started here: `Parallel` on the ranks torchrun started, else one process."""
+    device = pick_device(cfg.device) if device is None else device
+    return Parallel(cfg, device) if world_from_env().distributed else SingleProcess(cfg, device)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import datetime
 import gc
-import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from plelab.errors import PlelabError
+from plelab.training.distribution import PeerLost, World, world_from_env
+from plelab.util.device import backend_for
+
+__all__ = ["PeerLost", "World", "world_from_env"]  # defined by the trainer's interface, used here
 
 T = TypeVar("T")
 
@@ -25,10 +27,6 @@ class PeerError(PlelabError):
     """Another rank failed; this rank stops too (its message was printed by rank 0)."""
 
 
-class PeerLost(PlelabError):
-    """A collective failed because another rank died or hung: every surviving rank says so (one line each)."""
-
-
 def is_peer_failure(exc: BaseException) -> bool:
     """Whether exc is a collective failing because a peer died, closed its connection or timed out."""
     if isinstance(exc, dist.DistError):
@@ -38,45 +36,11 @@ def is_peer_failure(exc: BaseException) -> bool:
         m in text for m in ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "gloo"))
 
 
-@dataclass(frozen=True)
-class World:
-    """This process's place among the ranks: rank, world size, rank on this node."""
-
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the one rank that writes logs, metrics, progress and run-dir files."""
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        """More than one rank."""
-        return self.size > 1
-
-
-def world_from_env(env: dict[str, str] | None = None) -> World:
-    """The World torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK (one rank when they are absent)."""
-    env = os.environ if env is None else env
-    try:
-        size = int(env.get("WORLD_SIZE", "1"))
-        rank = int(env.get("RANK", "0"))
-        local = int(env.get("LOCAL_RANK", str(rank)))
-    except ValueError as exc:
-        raise PlelabError(f"malformed torchrun environment (RANK/WORLD_SIZE/LOCAL_RANK): {exc}") from None
-    if size < 1 or not 0 <= rank < size:
-        raise PlelabError(f"malformed torchrun environment: RANK={rank} WORLD_SIZE={size}")
-    return World(rank, size, local)
-
-
 def init_group(world: World, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Join the default process group (NCCL on CUDA, gloo on the CPU); collectives time out after timeout_s."""
+    """Join the default process group (NCCL on CUDA when built in, else gloo); collectives time out after timeout_s."""
     if not world.distributed or dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend_for(device), timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def destroy_group() -> None:

@@ -2,23 +2,22 @@
 
 A run directory holds config.json (the config in force), metrics.jsonl, checkpoints/, config_history.jsonl
 (one line per resume that changed a setting) and whatever callbacks write. `.train.lock` is held (flock,
-released by the OS even on kill -9) by the one process training into it.
+released by the OS even on kill -9; plelab.runs.lock) by the one process training into it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
+from plelab.runs.lock import RUN_LOCK, FolderLock
 from plelab.util.fs import atomic_write_bytes
 
-LOCK_FILE = ".train.lock"
+LOCK_FILE = RUN_LOCK
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 HISTORY_FILE = "config_history.jsonl"
@@ -39,29 +38,13 @@ class RunDirError(PlelabError):
     """A run directory that is busy, belongs to another run, or cannot take the requested change."""
 
 
-class RunLock:
-    """An exclusive, non-blocking flock on RUN_DIR/.train.lock; a second holder gets a RunDirError."""
+class RunLock(FolderLock):
+    """The run folder's lock (plelab.runs.lock.RUN_LOCK), not waited for: a second holder gets a RunDirError."""
 
     def __init__(self, run_dir: Path):
-        path = Path(run_dir) / LOCK_FILE
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
-            self.release()
-            raise RunDirError(
-                f"{run_dir} is in use by another training process (pid {holder}); "
-                "wait for it to finish or pick another --out"
-            ) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
-
-    def release(self) -> None:
-        """Let go of the lock (idempotent); closing the descriptor releases the flock."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        super().__init__(run_dir, RUN_LOCK, busy=lambda pid: RunDirError(
+            f"{run_dir} is in use by another training process (pid {pid}); "
+            "wait for it to finish or pick another --out"))
 
 
 def _is_plelab_run(run_dir: Path) -> bool:

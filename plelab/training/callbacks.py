@@ -9,10 +9,16 @@ RUN_DIR/metrics.jsonl as one JSON object per line. Per step the order is:
 
 Callbacks run in list order. A callback's `state_dict` is saved in every checkpoint under its `name`,
 so adding, removing or reordering callbacks between a run and its resume is safe.
+
+Which callbacks a run gets is decided by a registry, not by the trainer: a callback's module calls
+`register_callback(name, build)` once, where `build(config, note)` returns the callback the training config
+asks for (reading its own settings from it), or None. `plelab.training.callback_factory.callbacks_for` builds
+every registered one in registration order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from plelab.errors import PlelabError
@@ -67,3 +73,21 @@ def unique_names(callbacks: list[Callback]) -> list[str]:
         seen[cb.name] = seen.get(cb.name, 0) + 1
         names.append(cb.name if seen[cb.name] == 1 else f"{cb.name}#{seen[cb.name]}")
     return names
+
+
+CallbackBuilder = Callable[[Any, Callable[[str], None]], "Callback | None"]
+"""build(training config, note) -> the callback that config asks for, or None; `note` takes one line for the user."""
+
+_REGISTRY: dict[str, CallbackBuilder] = {}
+
+
+def register_callback(name: str, build: CallbackBuilder) -> None:
+    """Add a callback to every run whose config asks for it (`build` decides); names are unique."""
+    if name in _REGISTRY:
+        raise ValueError(f"a callback named {name!r} is already registered")
+    _REGISTRY[name] = build
+
+
+def registered_callbacks() -> dict[str, CallbackBuilder]:
+    """{name: builder} in registration order."""
+    return dict(_REGISTRY)

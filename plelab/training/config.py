@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, get_args
 
 from plelab.model.config import ModelConfig
 from plelab.model.presets import load_model_config
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
-from plelab.vision.config import VisionConfig, check_vision_run
+from plelab.util.device import PRECISIONS, PrecisionChoice
+
+ParallelMode = Literal["none", "ddp", "fsdp"]
+PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
+EvalSample = Literal["spread", "head", "all"]
+EVAL_SAMPLES: tuple[str, ...] = get_args(EvalSample)
+
+PLUGIN_SECTIONS: dict[str, type[TrainConfig]] = {}
+"""Config sections that plug-ins add ({section: TrainConfig subclass}), filled as the subclasses are defined."""
 
 
 @dataclass
 class TrainConfig:
-    """Everything a training run needs besides the model weights."""
+    """Everything a training run needs besides the model weights.
+
+    A plug-in that trains another kind of model adds its own section by subclassing, e.g.
+    `class VisionTrainConfig(TrainConfig, section="vision")` with a `vision` field: `load_train_config` picks
+    that subclass when the section is present (and on), and its `trainer_class()` names the trainer it needs
+    (plelab.training.trainer.trainer_for).
+    """
+
+    section: ClassVar[str] = ""
+    """The plug-in section this class adds ("" for the text TrainConfig itself)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model; in files, `[model]` may name `preset = "small-ple"` and override fields below it."""
@@ -47,13 +66,13 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     sparse_ple: bool = True
-    """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP. Sets the
-    model's ple.sparse_grad when the run builds it (plelab.training.optim.model_config_for)."""
+    """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP. The one
+    switch for it: the model the run builds records it as ple.sparse_grad (plelab.training.optim.model_config_for)."""
     seed: int = 1337
     """Seed for initialisation, data order and sampling."""
     device: str = "auto"
     """auto (cuda, then mps, then cpu), or an explicit torch device."""
-    dtype: str = "auto"
+    dtype: PrecisionChoice = "auto"
     """auto = bf16 autocast where the hardware computes bf16 natively (CUDA with bf16; CPUs with AVX512-BF16,
     AMX or aarch64 BF16), else fp32; or bf16 / fp32. The run prints its choice and why
     (plelab.util.device.choose_precision). Weights, optimizer state, norms and the loss stay fp32.
@@ -65,7 +84,7 @@ class TrainConfig:
     the first steps are slow while it compiles."""
     pin_memory: bool = True
     """On CUDA, copy each batch through pinned host memory with non_blocking=True (no effect on the CPU)."""
-    parallel: str = "none"
+    parallel: ParallelMode = "none"
     """Under torchrun: "ddp" (weights replicated, gradients all-reduced) or "fsdp" (FSDP2 fully_shard per decoder
     layer + root: weights, gradients and optimizer state sharded). Either way the PLE table is split by
     vocabulary across ranks (plelab.parallel). batch_size is then the global batch (divisible by the world
@@ -79,7 +98,7 @@ class TrainConfig:
     """Evaluate on eval_data every N steps (0 = only at the end)."""
     eval_tokens: int = 16384
     """Cap on tokens per domain for evaluations during training (picked as eval_sample says)."""
-    eval_sample: str = "spread"
+    eval_sample: EvalSample = "spread"
     """Which tokens a capped evaluation scores, per domain (the held-out split included): "spread" = windows
     evenly spaced through the whole domain (the same for every run), "head" = the first whole documents that
     fit (a run recorded before this field existed used this, whatever its config says now: results record the
@@ -104,9 +123,12 @@ class TrainConfig:
     """Also log to TensorBoard (RUN_DIR/tb) when tensorboard is installed."""
     wandb: bool = False
     """Also log to Weights & Biases when wandb is installed (project 'plelab')."""
-    vision: VisionConfig = field(default_factory=VisionConfig)
-    """Image + caption training (plelab.vision); off unless vision.corpus is set, and then left out of the
-    recorded config (existing runs and sweep hashes are unchanged)."""
+
+    def __init_subclass__(cls, section: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if section:
+            cls.section = section
+            PLUGIN_SECTIONS[section] = cls
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_steps", "log_every", "ckpt_every", "keep_checkpoints",
@@ -131,14 +153,15 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.parallel not in ("none", "ddp", "fsdp"):
-            raise ConfigError(f"parallel must be none, ddp or fsdp, got {self.parallel!r}")
-        if self.eval_sample not in ("spread", "head", "all"):
-            raise ConfigError(f"eval_sample must be spread, head or all, got {self.eval_sample!r}")
-        if self.dtype not in ("auto", "bf16", "fp32"):
-            raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
-        if self.vision.enabled:
-            check_vision_run(self)
+        if self.model.ple.sparse_grad:
+            raise ConfigError("model.ple.sparse_grad is not a setting (the trainer sets it from sparse_ple on the "
+                              "model it builds); remove it and set sparse_ple = true or false")
+        if self.parallel not in PARALLEL_MODES:
+            raise ConfigError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}")
+        if self.eval_sample not in EVAL_SAMPLES:
+            raise ConfigError(f"eval_sample must be one of {', '.join(EVAL_SAMPLES)}, got {self.eval_sample!r}")
+        if self.dtype not in PRECISIONS:
+            raise ConfigError(f"dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
 
     @property
     def context(self) -> int:
@@ -150,6 +173,12 @@ class TrainConfig:
         """Tokens consumed per optimizer step."""
         return self.batch_size * self.grad_accum * self.context
 
+    def param_counts(self) -> dict[str, int]:
+        """plelab.model.params.count_params of the model this config trains (a plug-in counts its own)."""
+        from plelab.model.params import count_params
+
+        return count_params(self.model)
+
 
 def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:
     """Build a TrainConfig from a file or dict plus `key=value` overrides (e.g. model.ple.dim=0)."""
@@ -159,12 +188,30 @@ def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] 
     if not isinstance(model, dict):
         raise ConfigError("[model] must be a table (e.g. preset = \"small-ple\")")
     data["model"] = load_model_config(model)
-    return from_dict(TrainConfig, data)
+    return from_dict(config_class(data), data)
+
+
+def config_class(data: dict[str, Any]) -> type[TrainConfig]:
+    """The TrainConfig subclass of the plug-in section `data` holds, else TrainConfig.
+
+    A section that is present but off (its config's `enabled` is false, e.g. `[vision]` without a corpus) is
+    removed from `data`: the run is a text run and records (and hashes) exactly what it did without it.
+    """
+    present = [name for name in PLUGIN_SECTIONS if name in data]
+    if len(present) > 1:
+        raise ConfigError(f"sections {', '.join(present)} exclude each other (each trains another kind of model)")
+    if not present:
+        return TrainConfig
+    cls = PLUGIN_SECTIONS[present[0]]
+    hint = typing.get_type_hints(cls)[present[0]]
+    value = data[present[0]]
+    section = value if dataclasses.is_dataclass(value) else from_dict(hint, value or {}, prefix=present[0] + ".")
+    if getattr(section, "enabled", True):
+        return cls
+    del data[present[0]]
+    return TrainConfig
 
 
 def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """JSON-friendly dict of a TrainConfig (round-trips through load_train_config)."""
-    out = to_dict(cfg)
-    if not cfg.vision.enabled:  # a text run records (and hashes) exactly what it did before [vision] existed
-        del out["vision"]
-    return out
+    return to_dict(cfg)

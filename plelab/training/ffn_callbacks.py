@@ -6,7 +6,7 @@ from typing import Any
 
 from plelab.model.moe import router_stats
 from plelab.model.pruning import alive_target, decay_importance, prune_to_count, pruned_layers
-from plelab.training.callbacks import Callback
+from plelab.training.callbacks import Callback, register_callback
 
 
 class RouterStats(Callback):
@@ -34,3 +34,7 @@ class PruningSchedule(Callback):
             prune_to_count(ffn, target)
             decay_importance(ffn)
         metrics["ffn_alive"] = sum(float(f.alive.sum()) for f in layers) / sum(f.alive.numel() for f in layers)
+
+
+register_callback("router_stats", lambda cfg, note: RouterStats() if cfg.model.ffn.kind == "moe" else None)
+register_callback("pruning", lambda cfg, note: PruningSchedule() if cfg.model.ffn.kind == "pruned" else None)

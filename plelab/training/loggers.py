@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from plelab.training.callbacks import Callback
+from plelab.training.callbacks import Callback, register_callback
 
 
 def _scalars(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -59,20 +59,16 @@ class WandbLogger(Callback):
         self.run.finish()
 
 
-def optional_loggers(tensorboard: bool, wandb: bool) -> tuple[list[Callback], list[str]]:
-    """The requested loggers that can be imported, and a note for each one that cannot."""
+def _if_installed(module: str, callback: type[Callback], note) -> Callback | None:
+    """`callback()` when `module` can be imported, else None and a note saying so."""
     import importlib.util
 
-    callbacks: list[Callback] = []
-    notes = []
-    if tensorboard:
-        if importlib.util.find_spec("tensorboard") is not None:
-            callbacks.append(TensorBoardLogger())
-        else:
-            notes.append("tensorboard requested but not installed (pip install tensorboard); skipping it")
-    if wandb:
-        if importlib.util.find_spec("wandb") is not None:
-            callbacks.append(WandbLogger())
-        else:
-            notes.append("wandb requested but not installed (pip install wandb); skipping it")
-    return callbacks, notes
+    if importlib.util.find_spec(module) is not None:
+        return callback()
+    note(f"note: {module} requested but not installed (pip install {module}); skipping it")
+    return None
+
+
+register_callback("tensorboard", lambda cfg, note: _if_installed("tensorboard", TensorBoardLogger, note)
+                  if cfg.tensorboard else None)
+register_callback("wandb", lambda cfg, note: _if_installed("wandb", WandbLogger, note) if cfg.wandb else None)

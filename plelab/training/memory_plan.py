@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from plelab.errors import PlelabError
 from plelab.model.config import ModelConfig
@@ -141,6 +141,9 @@ class ParamSplit:
         return cls(dense, matmul_params(cfg), layer, root, c["ple_table"], cfg.ple_vocab_size, Lp * cfg.ple.dim)
 
 
+Strategy = Literal["auto", "ddp", "fsdp"]
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What to plan: the run's config, the cluster, the strategy and the assumptions."""
@@ -148,7 +151,7 @@ class PlanRequest:
     train: TrainConfig
     gpus: int = 8
     gpu_memory: float = 80 * GB
-    strategy: str = "auto"
+    strategy: Strategy = "auto"
     micro_batch: int | None = None
     activation_checkpointing: bool = False
     mfu: float = 0.4
@@ -158,8 +161,8 @@ class PlanRequest:
     overhead: float = 3 * GiB
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("auto", "ddp", "fsdp"):
-            raise PlelabError(f"strategy must be auto, ddp or fsdp, got {self.strategy!r}")
+        if self.strategy not in get_args(Strategy):
+            raise PlelabError(f"strategy must be one of {', '.join(get_args(Strategy))}, got {self.strategy!r}")
         if self.gpus < 1 or self.gpu_memory <= 0 or not 0 < self.mfu <= 1 or self.peak_flops <= 0:
             raise PlelabError("gpus >= 1, gpu_memory > 0, 0 < mfu <= 1 and peak_flops > 0 are required")
 

@@ -30,29 +30,15 @@ from plelab.diagnostics.diagnose import diagnose_model, jsonable
 from plelab.diagnostics.grads import grad_norm_ratios
 from plelab.diagnostics.injection import probe_layers
 from plelab.diagnostics.model_parts import as_batches, model_device, ple_layers, ple_table, unwrap
+from plelab.diagnostics.run_files import INIT_TABLE_FILE, load_init_table
 from plelab.diagnostics.table_health import DEFAULT_TOP_K
 from plelab.runs.checkpoint import atomic_write_bytes
-from plelab.training.callbacks import Callback
+from plelab.training.callbacks import Callback, register_callback
 
-INIT_TABLE_FILE = "table_init.npy"
-"""Under RUN_DIR/diagnostics/: the PLE table as it was before the first step."""
 EARLY_FRACTION = 0.1
 """Default early-warning point, as a fraction of trainer.total_steps."""
 MOVEMENT_CHUNK_ROWS = 65536
 """Table rows compared at a time for the logged table movement."""
-
-
-def init_table_path(run_dir: str | Path) -> Path:
-    """Where a run keeps its initial PLE table."""
-    return Path(run_dir) / "diagnostics" / INIT_TABLE_FILE
-
-
-def load_init_table(run_dir: str | Path) -> tuple[np.ndarray | None, str]:
-    """(initial table memory-mapped, or None; a note saying where it came from or why it is missing)."""
-    path = init_table_path(run_dir)
-    if not path.is_file():
-        return None, f"no initial table at {path} (the run was not monitored by PLEMonitor from step 0)"
-    return np.load(path, mmap_mode="r"), f"initial table from {path}"
 
 
 def summarize(report: dict, step: int) -> dict:
@@ -315,3 +301,8 @@ class PLEMonitor(Callback):
 
     def _write(self, name: str, obj: dict) -> None:
         atomic_write_bytes(self.diag_dir / name, json.dumps(jsonable(obj), indent=2).encode())
+
+
+register_callback("ple_monitor", lambda cfg, note: PLEMonitor(every=cfg.diagnostics_every,
+                                                             early_fraction=cfg.early_warning_fraction)
+                  if cfg.diagnostics_every and cfg.model.ple.dim else None)

@@ -1,27 +1,21 @@
-"""The callbacks every run has: speed/MFU, console progress, evaluation, checkpoints.
+"""The callbacks every run has: speed/MFU, console progress, evaluation and checkpoint cadence.
 
-`plelab.training.callback_factory.callbacks_for` puts them first in a trainer's list, in the order
-below, so that a step's speed figures exist before anything logs them, and its evaluation runs before
-its checkpoint is written.
+They register first (`plelab.training.callback_factory.callbacks_for` builds them in the order below), so
+that a step's speed figures exist before anything logs them, and its evaluation runs before its checkpoint
+is written.
 """
 
 from __future__ import annotations
 
-import errno
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from plelab.runs.checkpoint import (
-    CheckpointError,
-    newest_verified_checkpoint,
-    prune_checkpoints,
-)
-from plelab.training.callbacks import Callback, TrainingStopped
+from plelab.runs.checkpoint import CheckpointError, newest_verified_checkpoint
+from plelab.training.callbacks import Callback, register_callback
 from plelab.training.mfu import measure_matmul_peak, mfu
-from plelab.util.device import autocast_context
 
 
 def format_eta(seconds: float) -> str:
@@ -100,8 +94,8 @@ def timeline_steps(cfg: Any) -> list[int]:
 
 
 class Evaluator(Callback):
-    """Per-domain loss and bits per byte on the run's evaluation data every eval_every steps, at each
-    timeline step (marked `"timeline": true` in metrics.jsonl) and at the end.
+    """When to evaluate: every eval_every steps, at each timeline step and at the end (the evaluation itself,
+    and its line in metrics.jsonl, are the trainer's: `Trainer.evaluate`).
 
     The last step is evaluated before its checkpoint is written and the result kept in the callback's state,
     so a run resumed after it finished (killed before its result was recorded) reuses it: every evaluation,
@@ -112,41 +106,16 @@ class Evaluator(Callback):
     def __init__(self) -> None:
         # {"step", "max_tokens", "results"} of the newest evaluation; saved with checkpoints for on_train_end.
         self.last: dict[str, Any] | None = None
-        self.timeline: set[int] = set()  # the run's timeline_steps, set when training starts
 
-    def on_train_start(self, trainer: Any) -> None:
-        self.timeline = set(timeline_steps(trainer.config))
-
-    def measure(self, trainer: Any, max_tokens: int | None) -> dict[str, Any] | None:
-        """The evaluation itself ({"domains", "macro", ...}), None when the run has no eval data; a subclass
-        evaluating another kind of model overrides this and keeps the cadence and bookkeeping below."""
-        if not trainer.data.eval_domains:
-            return None
-        from plelab.inference.evaluate import evaluate_domains
-
-        cfg = trainer.config
-        return evaluate_domains(
-            trainer.model, trainer.data.eval_domains, cfg.context, cfg.batch_size,
-            max_tokens=max_tokens, autocast=autocast_context(trainer.device, cfg.dtype), sample=cfg.eval_sample,
-        )
-
-    def evaluate(self, trainer: Any, max_tokens: int | None = None) -> dict[str, Any] | None:
-        """Evaluate now, log the result and tell the other callbacks; None when the run has no eval data."""
-        results = self.measure(trainer, max_tokens)
-        if results is None:
-            return None
-        trainer.last_eval = results
-        line: dict[str, Any] = {"step": trainer.step, "eval": results}
-        if trainer.step in self.timeline:
-            line.update(timeline=True, tokens=trainer.tokens_seen)
-        trainer.log_metrics(line)
-        self.last = {"step": trainer.step, "max_tokens": max_tokens, "results": results}
-        trainer.dispatch("on_eval", results)
-        return results
+    def evaluate(self, trainer: Any, max_tokens: int | None) -> None:
+        """Have the trainer evaluate now, and remember the result."""
+        results = trainer.evaluate(max_tokens)
+        if results is not None:
+            self.last = {"step": trainer.step, "max_tokens": max_tokens, "results": results}
 
     def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
         cfg, step = trainer.config, trainer.step
-        if step == cfg.max_steps or step in self.timeline or (cfg.eval_every and step % cfg.eval_every == 0):
+        if step == cfg.max_steps or step in trainer.timeline or (cfg.eval_every and step % cfg.eval_every == 0):
             self.evaluate(trainer, cfg.eval_tokens)
 
     def on_train_end(self, trainer: Any) -> None:
@@ -164,37 +133,12 @@ class Evaluator(Callback):
 
 
 class Checkpointer(Callback):
-    """Writes a checkpoint every ckpt_every steps and at the last step, keeping the newest keep_checkpoints."""
-
-    def __init__(self) -> None:
-        self.saved_step: int | None = None
+    """When to write a checkpoint: every ckpt_every steps and at the last step (`Trainer.save` writes it)."""
 
     def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
         cfg = trainer.config
         if trainer.step % cfg.ckpt_every == 0 or trainer.step == cfg.max_steps:
-            self.save(trainer)
-
-    def save(self, trainer: Any) -> Path:
-        """Write a checkpoint of the trainer's current step (atomic), point LATEST at it, prune old ones."""
-        ckpts = trainer.run_dir / "checkpoints"
-        name = f"step_{trainer.step:08d}"
-        if self.saved_step == trainer.step and (ckpts / name).is_dir():
-            return ckpts / name
-        try:
-            path = trainer.write_checkpoint(ckpts / name)  # and LATEST; sharded on several ranks
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                what = f"disk full while writing checkpoint {name}"
-            else:
-                what = f"could not write checkpoint {name} ({exc.strerror or exc}; disk full?)"
-            raise TrainingStopped(
-                f"{what}; {existing_checkpoints(trainer.run_dir)}; free space and rerun with --resume"
-            ) from exc
-        self.saved_step = trainer.step
-        if trainer.world.is_main:
-            prune_checkpoints(ckpts, trainer.config.keep_checkpoints)
-        trainer.dispatch("on_checkpoint", path)
-        return path
+            trainer.save()
 
 
 def existing_checkpoints(run_dir: Path) -> str:
@@ -204,3 +148,9 @@ def existing_checkpoints(run_dir: Path) -> str:
     except CheckpointError:
         return f"no intact checkpoint exists in {Path(run_dir) / 'checkpoints'}"
     return f"the newest intact checkpoint is {ckpt}"
+
+
+register_callback("speed", lambda cfg, note: SpeedMonitor())
+register_callback("progress", lambda cfg, note: ProgressPrinter())
+register_callback("evaluator", lambda cfg, note: Evaluator())
+register_callback("checkpointer", lambda cfg, note: Checkpointer())

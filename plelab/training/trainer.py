@@ -3,14 +3,16 @@
 The loop computes steps and owns the state a checkpoint must hold; everything else (speed/MFU, console
 progress, evaluation, checkpoint cadence, TensorBoard, W&B, PLE diagnostics) is a callback, built from the
 config by `plelab.training.callback_factory.callbacks_for`. The run directory is locked, checked and
-cleaned by `plelab.runs.run_dir`. Under torchrun every rank runs this loop; `plelab.parallel.engine.Parallel`
-shards the PLE table, wraps the model in DDP / FSDP2 and writes sharded checkpoints, and rank 0 alone writes
-the run directory's files (one process: Parallel does nothing).
+cleaned by `plelab.runs.run_dir`. Where the run's processes come in, the trainer calls a
+`plelab.training.distribution.Distribution`: one process by default; under torchrun every rank runs this loop
+with `plelab.parallel.engine.Parallel` (handed in by the caller), which shards the PLE table, wraps the model
+in DDP / FSDP2 and writes sharded checkpoints, and rank 0 alone writes the run directory's files.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import random
@@ -25,29 +27,26 @@ import torch
 
 from plelab.data.loader import BatchLoader
 from plelab.model.transformer import LanguageModel
-from plelab.parallel.engine import Parallel
-from plelab.parallel.group import PeerLost, is_peer_failure, peer_failure_text
 from plelab.runs import run_dir as rd
 from plelab.runs.checkpoint import (
     CheckpointError,
     atomic_write_bytes,
-    load_training_state,
     newest_verified_checkpoint,
+    prune_checkpoints,
     read_checkpoint_json,
-    read_weights,
     remove_leftovers,
-    save_checkpoint,
 )
 from plelab.training.callback_factory import callbacks_for
 from plelab.training.callbacks import Callback, TrainingStopped, unique_names
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.training.data_access import TrainingData
+from plelab.training.distribution import Distribution, PeerLost, SingleProcess
 from plelab.training.optim import Optimizer, grad_norm_and_clip, lr_at, model_config_for
-from plelab.training.standard_callbacks import Checkpointer, Evaluator, existing_checkpoints
-from plelab.util.device import choose_precision, fused_adamw, pick_device
+from plelab.training.standard_callbacks import existing_checkpoints, timeline_steps
+from plelab.util.device import autocast_context, choose_precision, fused_adamw, pick_device
 from plelab.util.fs import check_output_path
 
-__all__ = ["Trainer", "TrainingStopped"]
+__all__ = ["Trainer", "TrainingStopped", "trainer_for"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -86,12 +85,19 @@ def auxiliary_losses(modules: Iterable[torch.nn.Module]) -> dict[str, torch.Tens
     return out
 
 
+def trainer_for(cfg: TrainConfig) -> type[Trainer]:
+    """The Trainer class that trains `cfg`: Trainer, or the one a plug-in's config subclass names."""
+    named = getattr(cfg, "trainer_class", None)
+    return named() if named is not None else Trainer
+
+
 class Trainer:
     """Runs one training job into `run_dir`; `run()` returns the final metrics.
 
     callbacks: added after those the config asks for (see `callbacks_for`). resume: continue from the newest
     intact checkpoint, or start at step 0 when there is none yet (a folder prepared by a sweep). overwrite:
-    replace a different run or foreign files in `run_dir` instead of refusing.
+    replace a different run or foreign files in `run_dir` instead of refusing. distribution: the processes the
+    run spreads over (default: this one; under torchrun `plelab.parallel.engine.from_environment(cfg)`).
     """
 
     def __init__(
@@ -102,18 +108,20 @@ class Trainer:
         resume: bool = False,
         quiet: bool = False,
         overwrite: bool = False,
+        distribution: Distribution | None = None,
     ):
         self.config = cfg
         self.run_dir = check_output_path(run_dir, is_dir=True, overwrite=True)
-        self.parallel = Parallel(cfg, pick_device(cfg.device))
-        self.world = self.parallel.world
+        self.distribution = distribution if distribution is not None else SingleProcess(cfg, pick_device(cfg.device))
+        self.world = self.distribution.world
         self.quiet = quiet or not self.world.is_main  # rank 0 alone prints, logs and writes run-dir files
-        self.device = self.parallel.device
+        self.device = self.distribution.device
         self.precision = choose_precision(self.device, cfg.dtype)
         # TensorBoard / W&B write from rank 0 only (metrics and progress are gated in log_metrics / log_line).
         logged = cfg if self.world.is_main else dataclasses.replace(cfg, tensorboard=False, wandb=False)
         self.callbacks = [*callbacks_for(logged, note=self.log_line), *(callbacks or [])]
-        self.checkpointer = next(cb for cb in self.callbacks if isinstance(cb, Checkpointer))
+        self.timeline = set(timeline_steps(cfg))  # steps whose evaluation is a point of the gap timeline
+        self._saved_step: int | None = None  # the step of the checkpoint this process wrote last
         self.total_steps = cfg.max_steps
         self.step = 0
         self.bad_steps = 0
@@ -124,10 +132,10 @@ class Trainer:
         self.metrics_path = self.run_dir / rd.METRICS_FILE
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock: rd.RunLock | None = self.parallel.on_main(lambda: rd.RunLock(self.run_dir))
+        self._lock: rd.RunLock | None = self.distribution.on_main(lambda: rd.RunLock(self.run_dir))
         try:
             # safe: we hold the lock
-            removed = self.parallel.on_main(lambda: remove_leftovers(self.run_dir / "checkpoints")) or []
+            removed = self.distribution.on_main(lambda: remove_leftovers(self.run_dir / "checkpoints")) or []
             if removed:
                 self.log_line(f"removed {len(removed)} leftover(s) of an interrupted run: "
                               + ", ".join(p.name for p in removed))
@@ -137,7 +145,7 @@ class Trainer:
             np.random.seed(cfg.seed)
             self.model = self.build_model(cfg)
             # The module a step calls: the model itself, or DDP / FSDP2 over it with the PLE table sharded.
-            self.train_model = self.parallel.wrap(self.model, bf16=self.precision.name == "bf16")
+            self.train_model = self.distribution.wrap(self.model, bf16=self.precision.name == "bf16")
             self.optimizer = Optimizer(self.model, cfg, fused=fused_adamw(self.device))
             if cfg.compile:
                 self.model.compile()  # in place: parameter names (checkpoints) unchanged
@@ -146,7 +154,7 @@ class Trainer:
             if resume:
                 self._resume()
             else:
-                self.parallel.on_main(lambda: self._start_fresh(overwrite))
+                self.distribution.on_main(lambda: self._start_fresh(overwrite))
         except BaseException:
             self.close()
             raise
@@ -175,7 +183,7 @@ class Trainer:
         """After a run that ended the same way on every rank: drop model and optimizer, tear the group down."""
         if self.world.distributed:
             self.model = self.train_model = self.optimizer = self.params = None
-            self.parallel.close()
+            self.distribution.close()
 
     # ----------------------------------------------------------------- set-up and resume
     def _start_fresh(self, overwrite: bool = False) -> None:
@@ -186,17 +194,12 @@ class Trainer:
 
     def _resume(self) -> None:
         config = train_config_dict(self.config)
-        found = self.parallel.broadcast(self.parallel.on_main(lambda: self._resume_point(config)))
+        found = self.distribution.broadcast(self.distribution.on_main(lambda: self._resume_point(config)))
         if found is None:
             return
         ckpt, changes = found
-        if self.world.distributed:
-            state = self.parallel.load(ckpt, self.model, self.optimizer)
-        else:
-            state = load_training_state(ckpt)
-            self.model.load_state_dict(read_weights(ckpt, self.model, self.device))
-        self.load_state_dict(state)
-        self.parallel.on_main(lambda: self._record_resume(ckpt, config, changes))
+        self.load_state_dict(self.distribution.load(ckpt, self.model, self.optimizer))
+        self.distribution.on_main(lambda: self._record_resume(ckpt, config, changes))
 
     def _resume_point(self, config: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
         """(newest intact checkpoint, recorded config changes), or None for a run that has none yet."""
@@ -253,7 +256,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned; callbacks absent from the checkpoint keep their fresh state."""
-        if state.get("optimizer") is not None:  # None: a sharded checkpoint, loaded by Parallel.load
+        if state.get("optimizer") is not None:  # None: a sharded checkpoint, loaded by the distribution
             self.optimizer.load_state_dict(state["optimizer"])
         self.data.load_state_dict(state["data"])
         set_rng_state(state["rng"])
@@ -286,23 +289,61 @@ class Trainer:
             getattr(cb, hook)(self, *args)
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step now (the Checkpointer callback does it on its cadence)."""
-        return self.checkpointer.save(self)
+        """Write a checkpoint of this step (atomic), point LATEST at it, prune old ones, tell the callbacks.
+
+        The Checkpointer callback calls it on its cadence, the loop on an interrupt; a step is written once."""
+        ckpts = self.run_dir / "checkpoints"
+        name = f"step_{self.step:08d}"
+        if self._saved_step == self.step and (ckpts / name).is_dir():
+            return ckpts / name
+        try:
+            path = self.write_checkpoint(ckpts / name)  # and LATEST; sharded on several ranks
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                what = f"disk full while writing checkpoint {name}"
+            else:
+                what = f"could not write checkpoint {name} ({exc.strerror or exc}; disk full?)"
+            raise TrainingStopped(
+                f"{what}; {existing_checkpoints(self.run_dir)}; free space and rerun with --resume"
+            ) from exc
+        self._saved_step = self.step
+        if self.world.is_main:
+            prune_checkpoints(ckpts, self.config.keep_checkpoints)
+        self.dispatch("on_checkpoint", path)
+        return path
 
     def write_checkpoint(self, path: Path) -> Path:
         """Write a complete checkpoint of this step at `path` and point LATEST at it (every rank calls it)."""
-        args = (train_config_dict(self.config), self.state_dict(), self.data.tokenizer_path)
-        if self.world.distributed:
-            self.parallel.save(path, self.model, self.optimizer, *args)
-        else:
-            save_checkpoint(path, self.model, *args)
-        self.parallel.on_main(lambda: atomic_write_bytes(path.parent / "LATEST", path.name.encode()))
+        self.distribution.save(path, self.model, self.optimizer, train_config_dict(self.config), self.state_dict(),
+                           self.data.tokenizer_path)
+        self.distribution.on_main(lambda: atomic_write_bytes(path.parent / "LATEST", path.name.encode()))
         return path
 
     def evaluate(self, max_tokens: int | None = None) -> dict[str, Any] | None:
-        """Evaluate now on the run's evaluation data (None when there is none)."""
-        evaluator = next(cb for cb in self.callbacks if isinstance(cb, Evaluator))
-        return evaluator.evaluate(self, max_tokens)
+        """Evaluate now, log the result (a timeline step's line is marked `"timeline": true`) and tell the
+        callbacks; None when the run has no evaluation data. The Evaluator callback calls it on its cadence."""
+        results = self.measure_eval(max_tokens)
+        if results is None:
+            return None
+        self.last_eval = results
+        line: dict[str, Any] = {"step": self.step, "eval": results}
+        if self.step in self.timeline:
+            line.update(timeline=True, tokens=self.tokens_seen)
+        self.log_metrics(line)
+        self.dispatch("on_eval", results)
+        return results
+
+    def measure_eval(self, max_tokens: int | None) -> dict[str, Any] | None:
+        """The evaluation itself ({"domains": {name: {loss, bpb, tokens}}, "macro": ...}), max_tokens per domain;
+        None without evaluation data. A subclass evaluating another kind of model returns its own."""
+        if not self.data.eval_domains:
+            return None
+        from plelab.inference.evaluate import evaluate_domains
+
+        cfg = self.config
+        return evaluate_domains(self.model, self.data.eval_domains, cfg.context, cfg.batch_size,
+                                max_tokens=max_tokens, autocast=autocast_context(self.device, cfg.dtype),
+                                sample=cfg.eval_sample)
 
     # ----------------------------------------------------------------- the loop
     def _handle_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
@@ -318,7 +359,7 @@ class Trainer:
         aux_totals: dict[str, float] = {}
         for i in range(cfg.grad_accum):
             x, y = self.data.next_batch()
-            with self.parallel.grad_sync(last=i == cfg.grad_accum - 1):
+            with self.distribution.grad_sync(last=i == cfg.grad_accum - 1):
                 with self.precision.autocast(self.device):
                     _, loss = self.train_model(x, y, return_logits=False)
                     aux = auxiliary_losses(self.aux_modules)
@@ -327,15 +368,15 @@ class Trainer:
             total += float(loss.detach()) / cfg.grad_accum
             for name, value in aux.items():
                 aux_totals[name] = aux_totals.get(name, 0.0) + float(value.detach()) / cfg.grad_accum
-        total = self.parallel.mean(total)
+        total = self.distribution.mean(total)
         # "loss" stays the language-model loss (comparable across variants); auxiliary terms are logged apart.
         metrics: dict[str, Any] = {"step": self.step + 1, "loss": total, "lr": lr, "dtype": self.precision.name}
-        metrics.update({name: self.parallel.mean(v) for name, v in aux_totals.items()})
+        metrics.update({name: self.distribution.mean(v) for name, v in aux_totals.items()})
         if not math.isfinite(total):
             self.optimizer.zero_grad()
             return None
         self.dispatch("on_after_backward", metrics)
-        sharded = self.parallel.sharded if self.world.distributed else None
+        sharded = self.distribution.sharded if self.world.distributed else None
         gnorm = grad_norm_and_clip(self.params, cfg.grad_clip, sharded)
         if not math.isfinite(gnorm):
             self.optimizer.zero_grad()
@@ -384,7 +425,7 @@ class Trainer:
                     self.log_metrics(metrics)
                     self.dispatch("on_step_logged", metrics)
                     last = metrics
-                if self.parallel.any_rank(self._stop_signal is not None):  # every rank saves, or none
+                if self.distribution.any_rank(self._stop_signal is not None):  # every rank saves, or none
                     self.save()
                     raise KeyboardInterrupt
             if self.bad_steps:
@@ -398,9 +439,10 @@ class Trainer:
             self.log_line(f"interrupted at step {self.step}; checkpoint saved, continue with --resume")
             raise
         except Exception as exc:
-            if self.world.distributed and is_peer_failure(exc):
+            lost = self.distribution.peer_failure(exc)
+            if lost is not None:
                 raise PeerLost(f"rank {self.world.rank}: another rank died or stopped responding at step "
-                               f"{self.step} ({peer_failure_text(exc)}); {existing_checkpoints(self.run_dir)}; "
+                               f"{self.step} ({lost}); {existing_checkpoints(self.run_dir)}; "
                                "continue with --resume") from exc
             raise
         finally:

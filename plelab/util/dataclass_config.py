@@ -94,7 +94,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         return dict(value)
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{where} must be one of {choices}, got {value!r}")
         return value
     if hint is bool:
         if isinstance(value, bool):

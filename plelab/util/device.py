@@ -14,6 +14,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
@@ -78,6 +79,15 @@ def cpu_bf16_features(flags: Iterable[str] | None = None) -> list[str]:
             return ["avx512_bf16"] if probe is not None and probe() else []
     have = set(flags)
     return [f for f in CPU_BF16_FLAGS if f in have]
+
+
+PrecisionChoice = Literal["auto", "bf16", "fp32"]
+"""How a run's compute precision is asked for: auto (bf16 where the hardware has it natively), bf16 or fp32."""
+PRECISIONS: tuple[str, ...] = get_args(PrecisionChoice)
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""The torch dtype of a precision name (for models held in that dtype rather than autocast)."""
+OLD_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
+"""Spellings `plelab diagnose --dtype` used to take, still accepted."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The `[vision]` section of a training config: image + caption training with an optional visual PLE table.
 
-Off (the default, `corpus` empty) a run is a text run and the section is left out of the recorded config, so
-every existing config, checkpoint and sweep hash stays what it was.
+The section belongs to `plelab.vision.plugin.VisionTrainConfig`; without it (or without a corpus) a run is a
+text run, and the section is left out of the recorded config, so every existing config, checkpoint and sweep
+hash stays what it was.
 """
 
 from __future__ import annotations
@@ -69,3 +70,4 @@ def check_vision_run(cfg: TrainConfig) -> None:
     if cfg.diagnostics_every:
         raise ConfigError("diagnostics_every: the PLE monitor reads the text table, which a vision run does not "
                           "have; set it to 0 and run the visual-table diagnostics on the checkpoint")
+

@@ -1,10 +1,11 @@
 """VisionTrainer: the Trainer's loop, checkpoints and exact resume, on images + captions.
 
 What changes from a text run: the batch source (`VisionData`: a corpus's training split in seeded, resumable
-order), the model (`VisionPLEModel`) and evaluation. The text callbacks that do not apply are swapped out
-when the data is built (before any checkpoint state is restored, so resume sees the final list): the domain
-Evaluator becomes `CaptionEvaluator` (the caption loss on the whole held-out split) and ProgressPrinter
-becomes `VisionProgress` (no bits per byte, which a caption loss has no byte count for). The PLE monitor
+order), the model (`VisionPLEModel`) and evaluation (`measure_eval`: the caption loss on the whole held-out
+split). Two callbacks are swapped when the data is built (before any checkpoint state is restored, so resume
+sees the final list): the Evaluator becomes `CaptionEvaluator` (the same cadence, under the state key vision
+checkpoints use) and ProgressPrinter becomes `VisionProgress` (no bits per byte, which a caption loss has no
+byte count for). The PLE monitor
 is never added: a vision config has no text PLE (model.ple.dim = 0 and diagnostics_every = 0, checked by
 the config), and the visual table's diagnostics run on checkpoints.
 """
@@ -54,14 +55,8 @@ def caption_loss(model: VisionPLEModel, data: VisionData, batch_size: int, autoc
 
 
 class CaptionEvaluator(Evaluator):
-    """Caption loss on the whole held-out split, in the shape the sweep runner records ({"domains": {"captions":
-    {loss, tokens}}, "macro": {loss}}); the cadence, timeline, logging and resume bookkeeping are Evaluator's."""
-
-    def measure(self, trainer: Any, max_tokens: int | None) -> dict[str, Any]:
-        """The caption loss on the whole held-out split whatever max_tokens says (it is small and deterministic)."""
-        cfg = trainer.config
-        scores = caption_loss(trainer.model, trainer.data, cfg.batch_size, autocast_context(trainer.device, cfg.dtype))
-        return {"domains": {EVAL_DOMAIN: scores}, "macro": {"loss": scores["loss"]}}
+    """The Evaluator of a vision run: the same cadence and bookkeeping, under the name (the key of its state)
+    that vision checkpoints have always used; what it measures is `VisionTrainer.measure_eval`."""
 
 
 class VisionProgress(ProgressPrinter):
@@ -86,6 +81,13 @@ class VisionTrainer(Trainer):
             raise PlelabError("vision runs train in one process; run without torchrun")
         self.callbacks = vision_callbacks(self.callbacks)
         return VisionData(cfg, self.device)
+
+    def measure_eval(self, max_tokens: int | None) -> dict[str, Any]:
+        """The caption loss on the whole held-out split whatever max_tokens says (it is small and deterministic),
+        in the shape the sweep runner records ({"domains": {"captions": {loss, tokens}}, "macro": {loss}})."""
+        cfg = self.config
+        scores = caption_loss(self.model, self.data, cfg.batch_size, autocast_context(self.device, cfg.dtype))
+        return {"domains": {EVAL_DOMAIN: scores}, "macro": {"loss": scores["loss"]}}
 
     def build_model(self, cfg: Any) -> VisionPLEModel:
         """The multimodal model, its visual table shaped by the corpus (K rows) and cfg.vision.ple_dim."""

@@ -82,7 +82,7 @@ def test_budget_no_width_meets_is_one_line_exit_2(capsys):
     assert err.strip().count("\n") == 0 and "no moe width" in err and "192" in err
 
 
-@pytest.mark.parametrize("args", [["--export-dtype", "bf16"], ["--match-ffn", "flops"],
+@pytest.mark.parametrize("args", [["--quant", "bf16"], ["--export-dtype", "bf16"], ["--match-ffn", "flops"],
                                   ["--reference-set", "ffn.rank=2"], ["--match-ffn", "params", "--sweep-ple", "0,64"]])
 def test_bad_budget_options_are_one_line(capsys, args):
     rc, _, err = run_cli(capsys, "params", "tiny", *args)
@@ -92,4 +92,11 @@ def test_bad_budget_options_are_one_line(capsys, args):
 
 def test_help_has_a_match_example(capsys):
     rc, out, _ = run_cli(capsys, "params", "--help")
-    assert rc == 0 and "--match-ffn inference-bytes" in out and "--export-dtype" in out
+    assert rc == 0 and "--match-ffn inference-bytes" in out and "--quant" in out
+
+
+def test_the_export_encoding_has_one_name_and_the_old_one_still_works():
+    new = json.loads(plelab("params", "esp32-28m", "--json", "--quant", "int8").stdout)
+    old = json.loads(plelab("params", "esp32-28m", "--json", "--export-dtype", "int8").stdout)
+    assert new == old and new["export_dtype"] == "int8"  # the JSON key is a file format: unchanged
+    assert new["inference_bytes"] < json.loads(plelab("params", "esp32-28m", "--json").stdout)["inference_bytes"]

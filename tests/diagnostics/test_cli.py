@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from plelab.cli import diagnose as cli
+from plelab.diagnostics.run_files import init_table_path
 from plelab.runs.checkpoint import save_checkpoint
-from plelab.training.ple_monitor import init_table_path
 
 
 def run_cli(argv: list[str], capsys) -> str:

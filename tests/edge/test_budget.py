@@ -9,7 +9,6 @@ import torch
 
 from plelab.edge.budget import (
     BUDGETS,
-    EXPORT_DTYPES,
     FREE_WIDTH,
     BudgetError,
     _largest_at_most,
@@ -23,6 +22,7 @@ from plelab.edge.budget import (
 )
 from plelab.edge.export import ExportOptions, layout_for_config, shipped_config
 from plelab.edge.plan import items
+from plelab.edge.quant import EXPORT_QUANTS
 from plelab.model import LanguageModel, load_model_config
 from plelab.model.config import FFN_KINDS
 from plelab.model.ffn import ffn_param_count
@@ -76,7 +76,7 @@ def _bytes(numel: int, dtype: str) -> int:
     return codes + (2 * math.ceil(numel / 128) if dtype.startswith("int") else 0)
 
 
-@pytest.mark.parametrize("dtype", EXPORT_DTYPES)
+@pytest.mark.parametrize("dtype", EXPORT_QUANTS)
 @pytest.mark.parametrize("name", HAND)
 def test_inference_bytes_by_hand(name, dtype):
     overrides, _, _, ffn_matrices, mask_elements = HAND[name]
@@ -113,7 +113,7 @@ EXPORTABLE = [
 ]
 
 
-@pytest.mark.parametrize("dtype", EXPORT_DTYPES)
+@pytest.mark.parametrize("dtype", EXPORT_QUANTS)
 @pytest.mark.parametrize("overrides", EXPORTABLE, ids=lambda o: ",".join(o) or "default")
 def test_inference_bytes_equal_the_export_planners_bytes_per_token(overrides, dtype):
     # The edge export's own layout and the planner's per-token traffic (KV cache apart) are the reference.
@@ -246,13 +246,13 @@ def test_a_width_too_far_below_the_budget_is_refused():
         match_ffn(pruned, load_model_config("tiny"), "ffn_params")
 
 
-def test_bad_budget_and_dtype():
+def test_bad_budget_and_quant():
     cfg = load_model_config("tiny")
     with pytest.raises(BudgetError, match="unknown budget"):
         match_ffn(cfg, cfg, "params")
     with pytest.raises(BudgetError, match="unknown budget"):
         budget_value(cfg, "flops")
-    with pytest.raises(BudgetError, match="export dtype"):
+    with pytest.raises(BudgetError, match="export quant"):
         inference_bytes(cfg, "bf16")
 
 

@@ -27,7 +27,7 @@ from plelab.experiments.law import (
     thresholds,
     trained_criterion,
 )
-from plelab.experiments.sweep_runner import read_metrics
+from plelab.runs.metrics import read_metrics
 
 RATIOS = (1 / 32, 1 / 16, 1 / 8, 1 / 4)
 SEEDS = (1, 2, 3)
@@ -300,9 +300,10 @@ def test_predicting_a_width_that_has_already_run_is_refused(monkeypatch, tmp_pat
     runs = width_runs(32, 1 / 16) + width_runs(64, 1 / 16) + width_runs(128, 1 / 16)
     monkeypatch.setattr(law_report, "gather", lambda folder: runs)
     with pytest.raises(PlelabError, match="already has finished runs"):
-        law_report.run_law_report(tmp_path, None, predict=[128])
+        law_report.law_report_analysis(tmp_path, predict=[128])
     assert not (tmp_path / "prediction.json").exists()
-    assert law_report.run_law_report(tmp_path, None, predict=[256]) == 0  # fit on 32, 64, 128
+    analysis, _ = law_report.law_report_analysis(tmp_path, predict=[256])  # fit on 32, 64, 128
+    assert any(p["H"] == 256 for p in analysis["predictions"])
     assert json.loads((tmp_path / "prediction.json").read_text())["fit_widths"] == [32, 64, 128]
 
 

@@ -16,8 +16,9 @@ from sweep_helpers import write_sweep
 
 from plelab.cli.main import main
 from plelab.experiments.sweep import load_sweep
-from plelab.experiments.sweep_runner import SweepLocked, read_metrics, run_sweep, sweep_lock, sweep_status
+from plelab.experiments.sweep_runner import SweepLocked, run_sweep, sweep_lock, sweep_status
 from plelab.experiments.sweep_store import SweepStore
+from plelab.runs.metrics import read_metrics
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 

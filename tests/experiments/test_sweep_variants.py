@@ -79,7 +79,8 @@ def test_the_status_shows_the_solved_widths(tmp_path, capsys):
 @pytest.mark.parametrize("options, variants, message", [
     ('baseline = "swiglu2"', VARIANTS, "sweep.baseline 'swiglu2' is not a variant; variants: swiglu, mglu1, mglu4"),
     ("", VARIANTS + '"model.ffn.kindd" = "x"\n', r"variant mglu4 \(variant=mglu4,seed=1\): unknown config key"),
-    ('match_ffn = "params"', VARIANTS, "sweep.match_ffn must be one of ffn_params, inference_bytes, active_flops"),
+    ('match_ffn = "params"', VARIANTS,
+     "sweep.match_ffn must be one of .*'ffn_params', 'inference_bytes', 'active_flops', got 'params'"),
     ('match_ffn = "ffn_params"', '[variants.tiny]\n"model.ffn.intermediate_size" = 1\n'
      '[variants.moe]\n"model.ffn.kind" = "moe"\n', r"variant moe \(variant=moe,seed=1\): no moe width"),
     ("", VARIANTS + "seed = 3\n", "variant mglu4 sets seed, which the grid also sweeps"),

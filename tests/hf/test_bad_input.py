@@ -115,3 +115,16 @@ def test_reader_matches_safetensors_for_every_dtype(tmp_path):
     assert torch.equal(read_rows(info, 2, 5), ts["t_bfloat16"][2:5])
     ids = np.array([6, 0, 1, 1, 4, 5])
     assert torch.equal(gather_rows(info, ids), ts["t_bfloat16"].float()[torch.from_numpy(ids)])
+
+
+def test_diagnose_dtype_takes_the_training_spelling_and_the_old_one(capsys):
+    """One spelling of precision across training and diagnose (fp32 / bf16); float32 / bfloat16 still parse."""
+    import argparse
+
+    from plelab.cli import diagnose
+
+    parser = argparse.ArgumentParser()
+    diagnose.add_parser(parser.add_subparsers())
+    for given, want in (("fp32", "fp32"), ("bf16", "bf16"), ("float32", "fp32"), ("bfloat16", "bf16")):
+        assert parser.parse_args(["diagnose", "--hf", "x", "--dtype", given]).dtype == want
+    assert parser.parse_args(["diagnose", "--hf", "x"]).dtype == "fp32"

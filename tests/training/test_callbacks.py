@@ -80,3 +80,27 @@ def test_the_mfu_peak_is_measured_in_the_precision_the_run_computes_in(setup, mo
     cfg = load_train_config(write_config(setup, max_steps=2, log_every=1, dtype=dtype))
     Trainer(cfg, setup / "run").run()
     assert str(calls[0]["dtype"]).endswith(want)
+
+
+def test_a_registered_callback_joins_every_run_that_asks_for_it(setup, monkeypatch):
+    """A new callback touches one place: its own registration, with the config deciding whether a run gets it."""
+    from plelab.training import callbacks as C
+
+    class Counter(Callback):
+        def __init__(self):
+            self.steps = 0
+
+        def on_step_end(self, trainer, metrics):
+            self.steps += 1
+
+    monkeypatch.setattr(C, "_REGISTRY", dict(C._REGISTRY))
+    C.register_callback("counter", lambda cfg, note: Counter() if cfg.log_every == 3 else None)
+    with pytest.raises(ValueError, match="counter"):
+        C.register_callback("counter", lambda cfg, note: None)
+    trainer = Trainer(load_train_config(write_config(setup, max_steps=4, log_every=3)), setup / "run", quiet=True)
+    counter = next(cb for cb in trainer.callbacks if type(cb).__name__ == "Counter")
+    trainer.run()
+    assert counter.steps == 4
+    other = Trainer(load_train_config(write_config(setup, max_steps=4, log_every=2)), setup / "other", quiet=True)
+    other.close()
+    assert "Counter" not in [type(cb).__name__ for cb in other.callbacks]

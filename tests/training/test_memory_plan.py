@@ -199,16 +199,18 @@ PROBE = '''
 import json, sys
 import torch
 from torch.distributed.tensor import DTensor
+from plelab.parallel.engine import from_environment
 from plelab.training.config import load_train_config
 from plelab.training.trainer import Trainer
 
 def local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
-t = Trainer(load_train_config(sys.argv[1], sys.argv[3:]), sys.argv[2], quiet=True, overwrite=True)
+cfg = load_train_config(sys.argv[1], sys.argv[3:])
+t = Trainer(cfg, sys.argv[2], quiet=True, overwrite=True, distribution=from_environment(cfg))
 try:
     t.train_step()
-    table = t.parallel.table.weight if t.parallel.table is not None else None
+    table = t.distribution.table.weight if t.distribution.table is not None else None
     def state(own):
         return sum(local(v).nbytes for o in t.optimizer.optimizers for k, s in o.state.items() if (k is table) == own
                    for v in s.values() if torch.is_tensor(v) and v.dim() > 0)

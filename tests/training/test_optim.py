@@ -89,3 +89,14 @@ def test_sparse_step_moves_only_the_rows_in_the_batch():
     opt.step()
     moved = (table.detach() != before).any(dim=1).nonzero().flatten().tolist()
     assert moved == [3, 5, 7]
+
+
+def test_sparse_grad_is_decided_by_sparse_ple_alone():
+    """model.ple.sparse_grad is a record the trainer writes, not a setting that sparse_ple silently overrides:
+    old configs (which record false) load, a config setting it true is refused in one line."""
+    from plelab.util.dataclass_config import ConfigError
+
+    assert load_train_config({"model": {"ple": {"sparse_grad": False}}, "sparse_ple": True}).sparse_ple
+    with pytest.raises(ConfigError, match="sparse_ple") as err:
+        load_train_config({"model": {"ple": {"sparse_grad": True}}, "sparse_ple": False})
+    assert "\n" not in str(err.value)

@@ -89,3 +89,25 @@ def format_comparison(c: dict[str, Any], base: str) -> list[str]:
     lines.append("  injection ratio per layer, base -> fine-tuned: " + "; ".join(
         f"{i}: {x['injection_ratio_base']:.4f} -> {x['injection_ratio_tuned']:.4f}" for i, x in c["layers"].items()))
     return lines
+
+
+def diagnose_against_base(path: str, data: str, base: str, **options: Any) -> dict[str, Any]:
+    """`plelab diagnose --hf PATH` of a merged fine-tune, with report["finetune"]: its PLE use against the base
+    folder's on the same batches (one model in memory at a time). options: those of open_for_diagnosis."""
+    from pathlib import Path
+
+    from plelab.hf.diagnose import folder_report, open_for_diagnosis
+
+    model, kwargs, data_desc = open_for_diagnosis(path, data, **options)
+    report = folder_report(model, kwargs, data_desc)
+    tuned = measure_ple_use(model, kwargs["batches"], options.get("layers"))
+    del model
+    if not Path(base).is_dir():
+        report["notes"].append(f"the base folder {base} is gone: no comparison of PLE use with it (pass --base PATH)")
+        return report
+    options.pop("data", None)
+    base_model, _, _ = open_for_diagnosis(base, None, **options)
+    comparison = compare_ple_use(measure_ple_use(base_model, kwargs["batches"], options.get("layers")), tuned,
+                                 kwargs["domains"])
+    report["finetune"] = {"base": str(base), **comparison}
+    return report

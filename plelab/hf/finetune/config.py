@@ -99,8 +99,6 @@ class FinetuneConfig(TrainConfig):
     def __post_init__(self) -> None:
         self.sparse_ple = self.finetune.table == "sparse"
         super().__post_init__()
-        if self.vision.enabled:
-            raise ConfigError("vision.corpus: fine-tuning trains the text model of a checkpoint; leave [vision] out")
         if self.diagnostics_every:
             raise ConfigError("diagnostics_every watches plelab models; for a fine-tune run `plelab diagnose --hf` "
                               "on the merged folder (plelab finetune --merge) instead")

@@ -1,0 +1,26 @@
+"""Every committed sweep file still names the same runs with the same config hashes, so every existing sweep
+folder's results and checkpoints stay matched to their runs (committed_sweep_hashes.json was written by plelab
+at commit aebcd3e, before the package moves and renames of issue 23)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plelab.experiments.sweep import load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = json.loads(Path(__file__).with_name("committed_sweep_hashes.json").read_text())
+
+
+def test_every_committed_sweep_file_is_recorded():
+    assert sorted(RECORDED) == sorted(p.name for p in (REPO / "configs" / "sweeps").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_sweep_run_names_and_config_hashes_are_unchanged(name, tmp_path):
+    sweep = load_sweep(REPO / "configs" / "sweeps" / name, out=tmp_path / "out")
+    assert {p.name: p.config_hash for p in sweep.points} == RECORDED[name]
+    assert [p.name for p in sweep.points] == list(RECORDED[name])
