@@ -126,7 +126,8 @@ int main(int argc, char **argv) {
             break;
         }
         ple_storage_mem(&st, work, len);
-        ple_options opt = {verify, (int)(rnd() % 2), NULL, 64u << 20};
+        ple_options opt = {.verify = verify, .map_weights = (int)(rnd() % 2), .max_arena = 64u << 20,
+                           .int8_act = (int)(rnd() % 2)};
         ple_model *m;
         err[0] = 0;
         if (ple_open(&m, &st, &opt, err)) {
