@@ -13,6 +13,7 @@
 #include "ple.h"
 #include "ple_kernels.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -611,14 +612,14 @@ static int bind_swiglu(ple_model *m, qmat *w3, const placed *pl, const char *pre
 static int bind_moe(ple_model *m, layer_w *l, uint32_t i, const placed *pl, char *err) {
     const ple_desc *d = &m->d;
     char n[96];
-    snprintf(n, sizeof n, "layers.%u.mlp.router.weight", i);
+    snprintf(n, sizeof n, "layers.%" PRIu32 ".mlp.router.weight", i);
     if (bind(m, &l->router, pl, n, 0, d->experts, d->hidden, 0, err)) return -1;
     l->experts = m->expert_mats + (uint64_t)i * 3 * d->experts;
     for (uint32_t e = 0; e < d->experts; e++) {
-        snprintf(n, sizeof n, "layers.%u.mlp.experts.%u.", i, e);
+        snprintf(n, sizeof n, "layers.%" PRIu32 ".mlp.experts.%" PRIu32 ".", i, e);
         if (bind_swiglu(m, l->experts + 3 * e, pl, n, err)) return -1;
     }
-    snprintf(n, sizeof n, "layers.%u.mlp.shared_", i);
+    snprintf(n, sizeof n, "layers.%" PRIu32 ".mlp.shared_", i);
     return (d->flags & PLE_SHARED_EXPERT) ? bind_swiglu(m, l->shared, pl, n, err) : 0;
 }
 
@@ -632,42 +633,42 @@ static int bind_layers(ple_model *m, const placed *pl, char *err) {
         l->slot = -1;
         for (uint32_t s = 0; s < d->n_ple_layers; s++)
             if (d->ple_layers[s] == i) l->slot = (int)s;
-        if (bind_vec(m, &l->in_norm, pl, NAME("layers.%u.input_layernorm.weight", i), H, err) ||
-            bind_vec(m, &l->post_norm, pl, NAME("layers.%u.post_attention_layernorm.weight", i), H, err) ||
-            bind(m, &l->q, pl, NAME("layers.%u.self_attn.q_proj.weight", i), 0, qd, H, 0, err) ||
-            bind(m, &l->k, pl, NAME("layers.%u.self_attn.k_proj.weight", i), 0, kd, H, 0, err) ||
-            bind(m, &l->v, pl, NAME("layers.%u.self_attn.v_proj.weight", i), 0, kd, H, 0, err) ||
-            bind(m, &l->o, pl, NAME("layers.%u.self_attn.o_proj.weight", i), 0, H, qd, 0, err) ||
-            (d->ffn_kind != PLE_MOE && bind(m, &l->down, pl, NAME("layers.%u.mlp.down_proj.weight", i), 0, H, I, 0, err)))
+        if (bind_vec(m, &l->in_norm, pl, NAME("layers.%" PRIu32 ".input_layernorm.weight", i), H, err) ||
+            bind_vec(m, &l->post_norm, pl, NAME("layers.%" PRIu32 ".post_attention_layernorm.weight", i), H, err) ||
+            bind(m, &l->q, pl, NAME("layers.%" PRIu32 ".self_attn.q_proj.weight", i), 0, qd, H, 0, err) ||
+            bind(m, &l->k, pl, NAME("layers.%" PRIu32 ".self_attn.k_proj.weight", i), 0, kd, H, 0, err) ||
+            bind(m, &l->v, pl, NAME("layers.%" PRIu32 ".self_attn.v_proj.weight", i), 0, kd, H, 0, err) ||
+            bind(m, &l->o, pl, NAME("layers.%" PRIu32 ".self_attn.o_proj.weight", i), 0, H, qd, 0, err) ||
+            (d->ffn_kind != PLE_MOE && bind(m, &l->down, pl, NAME("layers.%" PRIu32 ".mlp.down_proj.weight", i), 0, H, I, 0, err)))
             return -1;
         if (d->ffn_kind == PLE_MOE && bind_moe(m, l, i, pl, err)) return -1;
         if (d->ffn_kind == PLE_SWIGLU &&
-            (bind(m, &l->gate, pl, NAME("layers.%u.mlp.gate_proj.weight", i), 0, I, H, 0, err) ||
-             bind(m, &l->up, pl, NAME("layers.%u.mlp.up_proj.weight", i), 0, I, H, 0, err)))
+            (bind(m, &l->gate, pl, NAME("layers.%" PRIu32 ".mlp.gate_proj.weight", i), 0, I, H, 0, err) ||
+             bind(m, &l->up, pl, NAME("layers.%" PRIu32 ".mlp.up_proj.weight", i), 0, I, H, 0, err)))
             return -1;
         if (d->ffn_kind == PLE_MGLU &&
-            (bind(m, &l->w, pl, NAME("layers.%u.mlp.weight", i), 0, I, H, 0, err) ||
-             bind(m, &l->mask, pl, NAME("layers.%u.mlp.mask_logits", i), 1, d->mask_count, I, H, err)))
+            (bind(m, &l->w, pl, NAME("layers.%" PRIu32 ".mlp.weight", i), 0, I, H, 0, err) ||
+             bind(m, &l->mask, pl, NAME("layers.%" PRIu32 ".mlp.mask_logits", i), 1, d->mask_count, I, H, err)))
             return -1;
         if (d->ffn_kind == PLE_MGLU) { /* the bits past the last mask element must be zero (as written) */
             uint64_t bits = (uint64_t)d->mask_count * I * H;
             if (bits % 8 && (l->mask.codes[bits / 8] & ((1u << (8 - bits % 8)) - 1)))
-                return ple_fail(err, "layer %u's MGLU mask has bits set past its end (corrupt mask)", i);
+                return ple_fail(err, "layer %" PRIu32 "'s MGLU mask has bits set past its end (corrupt mask)", i);
         }
         if (d->ffn_kind == PLE_LOWRANK &&
-            (bind(m, &l->ga, pl, NAME("layers.%u.mlp.gate_proj_a.weight", i), 0, d->rank, H, 0, err) ||
-             bind(m, &l->gb, pl, NAME("layers.%u.mlp.gate_proj_b.weight", i), 0, I, d->rank, 0, err) ||
-             bind(m, &l->ua, pl, NAME("layers.%u.mlp.up_proj_a.weight", i), 0, d->rank, H, 0, err) ||
-             bind(m, &l->ub, pl, NAME("layers.%u.mlp.up_proj_b.weight", i), 0, I, d->rank, 0, err)))
+            (bind(m, &l->ga, pl, NAME("layers.%" PRIu32 ".mlp.gate_proj_a.weight", i), 0, d->rank, H, 0, err) ||
+             bind(m, &l->gb, pl, NAME("layers.%" PRIu32 ".mlp.gate_proj_b.weight", i), 0, I, d->rank, 0, err) ||
+             bind(m, &l->ua, pl, NAME("layers.%" PRIu32 ".mlp.up_proj_a.weight", i), 0, d->rank, H, 0, err) ||
+             bind(m, &l->ub, pl, NAME("layers.%" PRIu32 ".mlp.up_proj_b.weight", i), 0, I, d->rank, 0, err)))
             return -1;
         if (l->slot < 0) continue;
         if (d->gate == PLE_GATE_INPUT
-                ? bind(m, &l->ple_gate, pl, NAME("layers.%u.ple.per_layer_input_gate.weight", i), 0, P, H, 0, err)
-                : bind_vec(m, &l->ple_gate, pl, NAME("layers.%u.ple.gate", i), d->gate == PLE_GATE_SCALAR ? 1 : P, err))
+                ? bind(m, &l->ple_gate, pl, NAME("layers.%" PRIu32 ".ple.per_layer_input_gate.weight", i), 0, P, H, 0, err)
+                : bind_vec(m, &l->ple_gate, pl, NAME("layers.%" PRIu32 ".ple.gate", i), d->gate == PLE_GATE_SCALAR ? 1 : P, err))
             return -1;
-        if (bind(m, &l->ple_proj, pl, NAME("layers.%u.ple.per_layer_projection.weight", i), 0, H, P, 0, err) ||
+        if (bind(m, &l->ple_proj, pl, NAME("layers.%" PRIu32 ".ple.per_layer_projection.weight", i), 0, H, P, 0, err) ||
             ((d->flags & PLE_OUTPUT_NORM) &&
-             bind_vec(m, &l->ple_norm, pl, NAME("layers.%u.ple.post_per_layer_input_norm.weight", i), H, err)))
+             bind_vec(m, &l->ple_norm, pl, NAME("layers.%" PRIu32 ".ple.post_per_layer_input_norm.weight", i), H, err)))
             return -1;
     }
 #undef NAME
@@ -684,7 +685,7 @@ static int bind_layers(ple_model *m, const placed *pl, char *err) {
 /* ---- tables -------------------------------------------------------------------------------------------- */
 
 static int check_part(const ple_table *t, const ple_part *p, uint32_t length, char *err) {
-    if (!p || p->length != length) return ple_fail(err, "row table '%s' lacks a part of %u values", t->name, length);
+    if (!p || p->length != length) return ple_fail(err, "row table '%s' lacks a part of %" PRIu32 " values", t->name, length);
     if (p->dtype == PLE_FP32 && (p->codes % 4 || t->stride % 4))
         return ple_fail(err, "row table '%s': fp32 records must be 4-byte aligned (re-export with --align 4)", t->name);
     return 0;
