@@ -11,11 +11,9 @@
 
 #include <string.h>
 
-#include "ple.h"
-
-#if defined(PLE_KERNEL_DSP)
+#if PLE_IKERNEL == PLE_KERNEL_DSP
 #include <arm_acle.h>
-#elif defined(PLE_KERNEL_MVE)
+#elif PLE_IKERNEL == PLE_KERNEL_HELIUM
 #include <arm_mve.h>
 #endif
 
@@ -23,9 +21,9 @@
 
 static inline int nib4(uint8_t b, int high) { return ((high ? b >> 4 : b & 15) ^ 8) - 8; }
 
-/* ---- portable C: the reference every other kernel must equal ------------------------------------------- */
+/* ---- portable C (for PORTABLE and VECTOR alike): the reference every other kernel must equal -------------- */
 
-#if defined(PLE_KERNEL_PORTABLE)
+#if PLE_IKERNEL == PLE_KERNEL_PORTABLE || PLE_IKERNEL == PLE_KERNEL_VECTOR
 #define ALIGN_I4 2 /* activation index of a run's first value: a multiple of this */
 #define ALIGN_I8 1
 
@@ -54,7 +52,7 @@ static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t
  * layout pairs the codes those lanes meet: per 8 values, (x0, x4) (x2, x6) (x1, x5) (x3, x7). The sum is exact and
  * a multiple of 16. int8: SXTB16 of a word gives (w0, w2), ROR 8 gives (w1, w3); layout per 4 values (x0, x2)
  * (x1, x3). */
-#if defined(PLE_KERNEL_DSP)
+#if PLE_IKERNEL == PLE_KERNEL_DSP
 #define ALIGN_I4 8
 #define ALIGN_I8 4
 
@@ -161,7 +159,7 @@ static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t
  * int4: a 16-byte load holds 32 codes; VSHL #4 then VSHR.S8 #4 sign-extends the low nibbles (even elements), VSHR.S8
  * #4 alone the high ones (odd elements), which meet the activation's even / odd halves (laid out once per
  * activation). The last partial vector is predicated (VCTP): no read past the run. */
-#if defined(PLE_KERNEL_MVE)
+#if PLE_IKERNEL == PLE_KERNEL_HELIUM
 #define ALIGN_I4 2
 #define ALIGN_I8 1
 
@@ -211,10 +209,12 @@ static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t
 /* ---- shared: names, memory, quantisation, the driver ----------------------------------------------------- */
 
 const char *ple_kernel_name(void) {
-#if defined(PLE_KERNEL_DSP)
+#if PLE_IKERNEL == PLE_KERNEL_DSP
     return "dsp";
-#elif defined(PLE_KERNEL_MVE)
-    return "mve";
+#elif PLE_IKERNEL == PLE_KERNEL_HELIUM
+    return "helium";
+#elif PLE_IKERNEL == PLE_KERNEL_VECTOR
+    return "vector";
 #else
     return "portable";
 #endif
