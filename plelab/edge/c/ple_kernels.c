@@ -328,3 +328,9 @@ float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t 
     }
     return sum * a->scale;
 }
+
+void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
+                   uint32_t n, const ple_kact *a) {
+    for (uint32_t r = 0; r < rows; r++, codes += stride, scales += stride) /* (0 + isum * s) * scale, as ple_kdot */
+        out[r] = (float)run(dtype, codes, 0, n, 0, a) * ple_f16(scales) * a->scale;
+}

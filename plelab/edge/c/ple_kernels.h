@@ -108,5 +108,9 @@ void ple_kact_prepare(ple_kact *a, int dtype);
  * times a.q[0..n), times the scales: the float dot product. */
 float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint64_t e0, uint32_t n,
                const ple_kact *a);
+/* out[r] = ple_kdot of `rows` vectors of n <= group values each (one scale), the r-th at codes + r * stride with its
+ * scale at scales + r * stride: a tied head's records, without the per-row group walk. n <= PLE_KCHUNK. */
+void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
+                   uint32_t n, const ple_kact *a);
 
 #endif
