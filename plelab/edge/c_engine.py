@@ -22,7 +22,7 @@ from plelab.errors import PlelabError
 
 C_DIR = Path(__file__).with_name("c")
 LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c")
-HEADERS = ("ple.h", "devices.inc")
+HEADERS = ("ple.h", "devices.inc", "ple_mutate.h")
 PROGRAMS = {"plerun": "plerun.c", "plefuzz": "plefuzz.c"}
 # fp-contract: let a * b + c become one fused multiply-add (C99 mode turns it off; +40% int4 tok/s here)
 BASE_FLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Wall -Wextra -ffp-contract=fast"

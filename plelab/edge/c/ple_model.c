@@ -27,6 +27,12 @@
 #include <immintrin.h>
 #endif
 
+#if defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_PORTABLE && !defined(PLE_SCALAR)
+#define PLE_SCALAR /* the plain C99 loops below */
+#elif defined(PLE_KERNEL) && PLE_KERNEL != PLE_KERNEL_PORTABLE && PLE_KERNEL != PLE_KERNEL_VECTOR
+#error "PLE_KERNEL: this runtime has the PORTABLE and VECTOR kernels only"
+#endif
+
 #define ALIGN 64
 #define N_SCRATCH 22 /* float buffers of maxdim values in the arena (ple_open's bufs) */
 #define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
@@ -61,7 +67,10 @@ struct ple_model {
     const ple_part *ple_p, *embed_in_ple, *embed_p;
     int head_tier, ple_tier, embed_tier, kv_tier;
     uint8_t *arena_raw, *arena, *rec_ple, *rec_embed;
+    uint8_t *cursor[PLE_MAX_TIERS]; /* next free byte of each tier's region (of the one arena: cursor[0]) */
+    int work_tier;                  /* where the working buffers are */
     uint64_t arena_bytes, weight_bytes, kv_bytes, peak;
+    uint64_t placed[PLE_MAX_TIERS], tier_arena[PLE_MAX_TIERS]; /* see ple_tier_use */
     float *kcache, *vcache;
     float *x, *xn, *y, *q, *k, *v, *att, *h1, *h2, *h3, *lr, *raw, *pin, *ctx, *g, *t, *wv, *row, *xe, *xo, *probs, *acc;
     float *logits;
@@ -774,15 +783,28 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
             }
         }
         free(idx);
-        if (first) {
-            int rc = ple_fail(err, "the model does not fit %s: %s and %llu more bytes of weights + KV cache find no room "
-                               "in RAM (see plelab plan)", dev->name, first, (unsigned long long)missing);
+        if (first) { /* one line: what RAM the model needs, what the device has, what did not go in */
+            uint64_t need_ram = 0, ram = 0;
+            char tiers[160] = "";
+            for (uint32_t k = 0; k < count; k++) need_ram += its[k].resident ? its[k].stored : 0;
+            for (int t = 0, k = 0; t < dev->n_tiers; t++)
+                if (!dev->tiers[t].storage) {
+                    ram += dev->tiers[t].capacity;
+                    if (k < (int)sizeof tiers)
+                        k += snprintf(tiers + k, sizeof tiers - (size_t)k, "%s%s %llu", k ? " + " : "",
+                                      dev->tiers[t].name, (unsigned long long)dev->tiers[t].capacity);
+                }
+            int rc = ple_fail(err, "the model does not fit %s: weights + KV cache need %llu bytes of RAM, %llu available "
+                              "(%s); %s and %llu more bytes find no room (see plelab plan)", dev->name,
+                              (unsigned long long)need_ram, (unsigned long long)ram, tiers, first,
+                              (unsigned long long)missing);
             free(its);
             return rc;
         }
     }
     for (uint32_t i = 0, t = 0; i < count; i++) {
         const item *it = &its[i];
+        if (it->resident) m->placed[it->tier] += it->stored;
         if (t < d->n_tensors && !strcmp(it->name, d->tensors[t].name)) m->tensor_tier[t++] = it->tier;
         if (!strcmp(it->name, "table:ple")) m->ple_tier = it->tier;
         else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
@@ -826,6 +848,75 @@ const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row) {
     return buf;
 }
 
+/* Bytes of the working buffers: scratch vectors, logits, record buffers (always in one piece). */
+static uint64_t work_bytes(const ple_model *m) {
+    return N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)m->d.vocab) +
+           (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
+}
+
+/* The next `n` bytes (64-byte aligned) of tier t's memory: its region, or the one malloc'ed arena. */
+static uint8_t *carve(ple_model *m, int t, uint64_t n) {
+    uint8_t *p = m->cursor[m->opt.regions ? t : 0];
+    m->cursor[m->opt.regions ? t : 0] += up64(n);
+    m->tier_arena[t] += up64(n);
+    return p;
+}
+
+/* Size the arena per tier (with regions: check each against its region) and point the cursors at it. */
+static int make_arena(ple_model *m, int map, int tied, char *err) {
+    const ple_desc *d = &m->d;
+    uint64_t need[PLE_MAX_TIERS] = {0};
+    if (!map) {
+        for (uint32_t i = 0; i < d->n_tensors; i++)
+            need[m->tensor_tier[i]] += up64(d->tensors[i].codes_bytes) + up64(d->tensors[i].scales_bytes);
+        if (tied) need[m->embed_tier] += up64(m->embed_t->section->nbytes);
+    }
+    need[m->kv_tier] += up64(m->kv_bytes);
+    uint64_t work = work_bytes(m), total = work;
+    for (int t = 0; t < m->n_tiers; t++) total += need[t];
+    m->arena_bytes = total;
+    const ple_region *reg = m->opt.regions;
+    if (!reg) {
+        if ((m->opt.max_arena && total > m->opt.max_arena) || total > ((uint64_t)1 << 40) ||
+            (uint64_t)(size_t)(total + ALIGN) != total + ALIGN)
+            return ple_fail(err, "the model needs an arena of %llu bytes, %llu available", (unsigned long long)total,
+                            (unsigned long long)(m->opt.max_arena ? m->opt.max_arena : (uint64_t)SIZE_MAX));
+        m->work_tier = m->kv_tier;
+        m->arena_raw = calloc(1, (size_t)(total + ALIGN));
+        if (!m->arena_raw)
+            return ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)total);
+        m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
+        advise_huge(m->arena_raw, (size_t)(total + ALIGN));
+        m->cursor[0] = m->arena;
+        return 0;
+    }
+    uint64_t avail[PLE_MAX_TIERS] = {0};
+    for (int t = 0; t < m->n_tiers; t++) {
+        uint64_t skip = (ALIGN - (uintptr_t)reg[t].base % ALIGN) % ALIGN;
+        avail[t] = m->tiers[t].storage || reg[t].bytes < skip ? 0 : reg[t].bytes - skip;
+        m->cursor[t] = (uint8_t *)reg[t].base + skip;
+    }
+    for (int t = 0; t < m->n_tiers; t++)
+        if (need[t] > avail[t])
+            return ple_fail(err, "the model needs %llu bytes of %s (weights + KV cache %llu, alignment %llu), "
+                            "the %s region has %llu", (unsigned long long)need[t], m->tiers[t].name,
+                            (unsigned long long)m->placed[t], (unsigned long long)(need[t] - m->placed[t]),
+                            m->tiers[t].name, (unsigned long long)avail[t]);
+    m->work_tier = -1;
+    for (int t = 0; t < m->n_tiers && m->work_tier < 0; t++)
+        if (!m->tiers[t].storage && need[t] + work <= avail[t]) m->work_tier = t;
+    if (m->work_tier < 0) {
+        char free_list[160] = "";
+        for (int t = 0, k = 0; t < m->n_tiers; t++)
+            if (!m->tiers[t].storage && k < (int)sizeof free_list)
+                k += snprintf(free_list + k, sizeof free_list - (size_t)k, "%s%s %llu", k ? ", " : "", m->tiers[t].name,
+                              (unsigned long long)(avail[t] - need[t]));
+        return ple_fail(err, "the model needs %llu bytes of working buffers in one region, free: %s",
+                        (unsigned long long)work, free_list);
+    }
+    return 0;
+}
+
 int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err) {
     *out = NULL;
     ple_model *m = calloc(1, sizeof *m);
@@ -840,7 +931,11 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     const ple_desc *d = &m->d;
     if (opt->verify && ple_verify(st, d, opt->verify > 1, err)) goto fail;
     if (check_tables(m, err)) goto fail;
-    /* arena: weights that are not mapped, KV cache, scratch, record buffers */
+    if (opt->regions && !opt->device) {
+        ple_fail(err, "memory regions need a device profile (its tiers say which region is which)");
+        goto fail;
+    }
+    /* arena: weights that are not mapped, KV cache, scratch, record buffers, each in its placed tier */
     int map = opt->map_weights && st->map(st, 0, 1) != NULL;
     const ple_section *ts = ple_find_section(d, "tensors");
     uint64_t weights = 0;
@@ -848,12 +943,6 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     int tied = (d->flags & PLE_TIE) != 0;
     if (tied) weights += m->embed_t->section->nbytes;
     m->weight_bytes = weights;
-    uint64_t weight_arena = 0;
-    if (!map) {
-        for (uint32_t i = 0; i < d->n_tensors; i++)
-            weight_arena += up64(d->tensors[i].codes_bytes) + up64(d->tensors[i].scales_bytes);
-        if (tied) weight_arena += up64(m->embed_t->section->nbytes);
-    }
     uint64_t kv_floats = (uint64_t)d->layers * d->kv_heads * d->head_dim * d->max_seq;
     m->kv_bytes = 2 * kv_floats * 4;
     uint32_t dims[] = {d->hidden, d->heads * d->head_dim, d->inter, d->rank, d->n_ple_layers * d->ple_dim,
@@ -861,25 +950,16 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     m->maxdim = 0;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > m->maxdim) m->maxdim = dims[i];
-    uint64_t scratch = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab);
-    uint64_t recs = (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
-    m->arena_bytes = weight_arena + up64(m->kv_bytes) + scratch + recs;
-    if ((opt->max_arena && m->arena_bytes > opt->max_arena) || m->arena_bytes > ((uint64_t)1 << 40) || (uint64_t)(size_t)(m->arena_bytes + ALIGN) != m->arena_bytes + ALIGN) {
-        ple_fail(err, "the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
-        goto fail;
-    }
     m->L = calloc(d->layers, sizeof(layer_w));
     m->expert_mats = calloc((size_t)d->layers * 3 * d->experts + 1, sizeof(qmat));
     m->tensor_tier = calloc((size_t)d->n_tensors + 1, sizeof(int));
-    pl = calloc(d->n_tensors, sizeof(placed));
-    m->arena_raw = calloc(1, (size_t)(m->arena_bytes + ALIGN));
-    if (!m->L || !m->expert_mats || !m->tensor_tier || !pl || !m->arena_raw) {
-        ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
+    pl = calloc(d->n_tensors + 1, sizeof(placed));
+    if (!m->L || !m->expert_mats || !m->tensor_tier || !pl) {
+        ple_fail(err, "out of memory for the model description (%" PRIu32 " layers, %" PRIu32 " tensors)", d->layers,
+                 d->n_tensors);
         goto fail;
     }
-    m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
-    advise_huge(m->arena_raw, (size_t)(m->arena_bytes + ALIGN));
-    uint8_t *p = m->arena;
+    if (place(m, m->kv_bytes, err) || make_arena(m, map, tied, err)) goto fail;
     /* the storage's "call for dense tensors": each tensor's codes and scales, mapped or copied in */
     for (uint32_t i = 0; i < d->n_tensors; i++) {
         const ple_tensor *t = &d->tensors[i];
@@ -888,12 +968,12 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
             pl[i].codes = st->map(st, base + t->codes, (size_t)t->codes_bytes);
             pl[i].scales = st->map(st, base + t->scales, (size_t)t->scales_bytes);
         } else {
-            pl[i].codes = p;
-            if (st->read(st, base + t->codes, p, (size_t)t->codes_bytes)) goto read_error;
-            p += up64(t->codes_bytes);
-            pl[i].scales = p;
-            if (st->read(st, base + t->scales, p, (size_t)t->scales_bytes)) goto read_error;
-            p += up64(t->scales_bytes);
+            uint8_t *c = carve(m, m->tensor_tier[i], t->codes_bytes), *s = carve(m, m->tensor_tier[i], t->scales_bytes);
+            if (st->read(st, base + t->codes, c, (size_t)t->codes_bytes) ||
+                st->read(st, base + t->scales, s, (size_t)t->scales_bytes))
+                goto read_error;
+            pl[i].codes = c;
+            pl[i].scales = s;
         }
         if (!pl[i].codes || !pl[i].scales) goto read_error;
     }
@@ -903,9 +983,9 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         if (map) {
             rows = st->map(st, es->offset, (size_t)es->nbytes);
         } else {
+            uint8_t *p = carve(m, m->embed_tier, es->nbytes);
             if (st->read(st, es->offset, p, (size_t)es->nbytes)) goto read_error;
             rows = p;
-            p += up64(es->nbytes);
         }
         if (!rows) goto read_error;
         m->head = (qmat){m->embed_p->dtype, m->embed_p->group, d->vocab, d->hidden, rows + m->embed_p->codes,
@@ -916,9 +996,9 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         }
     }
     if (bind_layers(m, pl, err)) goto fail;
-    m->kcache = (float *)(void *)p;
+    m->kcache = (float *)(void *)carve(m, m->kv_tier, m->kv_bytes);
     m->vcache = m->kcache + kv_floats;
-    p += up64(m->kv_bytes);
+    uint8_t *p = carve(m, m->work_tier, work_bytes(m));
     float **bufs[] = {&m->x, &m->xn, &m->y, &m->q, &m->k, &m->v, &m->att, &m->h1, &m->h2, &m->h3,
                       &m->lr, &m->raw, &m->pin, &m->ctx, &m->g, &m->t, &m->wv, &m->row, &m->xe, &m->xo,
                       &m->probs, &m->acc};
@@ -933,15 +1013,11 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         m->rec_ple = p;
         p += up64(m->ple_t->record_bytes);
     }
-    if (m->embed_t) {
-        m->rec_embed = p;
-        p += up64(m->embed_t->record_bytes);
-    }
-    if (place(m, m->kv_bytes, err)) goto fail;
+    if (m->embed_t) m->rec_embed = p;
     free(pl);
-    m->peak = m->arena_bytes + ALIGN + sizeof *m + d->layers * sizeof(layer_w) + d->n_tensors * sizeof(ple_tensor) +
-              (d->n_ple_layers + 1) * sizeof(uint32_t) + ((uint64_t)d->layers * 3 * d->experts + 1) * sizeof(qmat) +
-              (d->n_tensors + 1) * sizeof(int);
+    m->peak = (opt->regions ? 0 : m->arena_bytes + ALIGN) + sizeof *m + d->layers * sizeof(layer_w) +
+              d->n_tensors * sizeof(ple_tensor) + (d->n_ple_layers + 1) * sizeof(uint32_t) +
+              ((uint64_t)d->layers * 3 * d->experts + 1) * sizeof(qmat) + (d->n_tensors + 1) * sizeof(int);
     *out = m;
     return 0;
 read_error:
@@ -1200,6 +1276,22 @@ uint64_t ple_model_arena_bytes(const ple_model *m) { return m->arena_bytes; }
 uint64_t ple_model_weight_bytes(const ple_model *m) { return m->weight_bytes; }
 uint64_t ple_model_kv_bytes(const ple_model *m) { return m->kv_bytes; }
 uint64_t ple_model_peak_bytes(const ple_model *m) { return m->peak; }
+
+int ple_model_tier_use(const ple_model *m, ple_tier_use *out, int max) {
+    int n = 0;
+    for (int t = 0; t < m->n_tiers; t++) {
+        if (m->tiers[t].storage) continue;
+        if (n < max) {
+            ple_tier_use *u = &out[n];
+            snprintf(u->tier, sizeof u->tier, "%s", m->tiers[t].name);
+            u->placed = m->placed[t];
+            u->arena = m->tier_arena[t];
+            u->available = m->opt.regions ? m->opt.regions[t].bytes : m->tiers[t].capacity;
+        }
+        n++;
+    }
+    return n;
+}
 
 int ple_model_traffic(const ple_model *m, ple_traffic *out, int max, uint64_t *tokens) {
     for (int i = 0; i < m->n_tiers && i < max; i++) {
