@@ -7,15 +7,18 @@ one nanosecond. The image reads the board's hardware timer around each position 
 25 MHz; mps3-an547: the SSE-300 System Counter, 32 MHz), so ticks x 1e9 / clock = instructions; semihosting's
 clock() follows the host's clock and is not used. Instruction counts do not depend on the host's load.
 
-Reported per board and kernel (-DPLE_KERNEL): instructions per token (one forward pass plus the greedy argmax
-over the vocabulary), per active parameter (every dense tensor plus the whole head: what one token multiplies),
-and the tokens/s that count would give at 240 MHz and one instruction per cycle. That is an estimate, not a
-measurement: these are instruction counts, not cycles, and it leaves out flash and PSRAM latency, caches and
-wait states (QEMU models none), and that the ESP32-S3's Xtensa LX7 (with its PIE SIMD) is neither a Cortex-M7
-nor a Cortex-M55. Prints JSON with the command that produced it.
+Runs per board: the float path (fp32 activations, float32 KV cache: the reference), and for each integer kernel
+the core has (-DPLE_KERNEL_PORTABLE / _DSP / _MVE) the MCU path: int8 activations and an int8 KV cache, with the
+full head and with the greedy head skip (whose savings depend on the weights: with random weights they are not
+what a trained model gets). Reported: instructions per token (one forward pass plus the greedy argmax), per
+active parameter (every dense tensor plus the whole head: what one token multiplies), and the tokens/s that count
+would give at 240 MHz and one instruction per cycle. That is an estimate, not a measurement: these are
+instruction counts, not cycles, and it leaves out flash and PSRAM latency, caches and wait states (QEMU models
+none), and that the ESP32-S3's Xtensa LX7 (with its PIE SIMD) is neither a Cortex-M7 nor a Cortex-M55.
+Prints JSON with the command that produced it.
 
     python3 benchmarks/bench_mcu.py                              # esp32-28m int4, both boards, every kernel
-    python3 benchmarks/bench_mcu.py --kernel portable --board mps3-an547
+    python3 benchmarks/bench_mcu.py --kernel helium --board mps3-an547
     python3 benchmarks/bench_mcu.py --quick                      # tiny shape: a smoke run in seconds
 """
 
@@ -57,8 +60,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quant", default="int4", choices=["int4", "int8", "fp16", "fp32"], help="export encoding")
     p.add_argument("--group", type=options.positive_int, default=128, help="quantisation group (default 128)")
     p.add_argument("--board", action="append", choices=list(mcu.BOARDS), help="board(s) (default: both)")
-    p.add_argument("--kernel", action="append", choices=["default", *mcu.KERNELS],
-                   help="kernel(s) (default: every kernel the board's core runs; 'default': no -DPLE_KERNEL)")
+    p.add_argument("--kernel", action="append", choices=list(mcu.KERNELS),
+                   help="integer kernel(s) for the int8 path (default: every kernel the board's core runs)")
+    p.add_argument("--no-fp32", action="store_true", help="skip the float reference path")
     p.add_argument("--steps", type=options.positive_int, default=8, help="positions run, prompt included (default 8)")
     p.add_argument("--ids", default="1,2,3", help="prompt token ids (default 1,2,3)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per QEMU run before it counts as hung")
@@ -96,24 +100,36 @@ def active_parameters(model: Path) -> dict[str, int]:
             "note": "gathered per token, not counted: the PLE record and the embedding row"}
 
 
-def run_kernel(board: str, kernel: str, model: Path, args: argparse.Namespace) -> dict:
+# name -> (plemcu options, whether it uses an integer kernel)
+PATHS = {"fp32": ({}, False), "int8": ({"act": "int8", "kv": "int8"}, True),
+         "int8_head_skip": ({"act": "int8", "kv": "int8", "head_skip": True}, True)}
+
+
+def run_one(board: str, kernel: str | None, options: dict, model: Path, args: argparse.Namespace,
+            params: int) -> dict:
     """Build and run one image; its counts, or why it could not be built."""
     from plelab.edge import mcu
 
-    k = None if kernel == "default" else kernel
     try:
-        image = mcu.build_image(board, model, k)
+        image = mcu.build_image(board, model, kernel)
     except mcu.McuError as exc:
         return {"skipped": str(exc)}
-    run_args = ["run", "--ids", args.ids, "--steps", str(args.steps), "--verify", "1"]
+    run_args = mcu.run_args(args.ids, args.steps, verify=1, **options)
     t0 = time.perf_counter()
     r = mcu.run_image(board, image, run_args, timeout=args.timeout).result
     wall = time.perf_counter() - t0
     per_pos = [mcu.instructions(t, r["timer_hz"]) for t in r["token_ticks"]]
+    ipt = statistics.mean(per_pos)
     return {
+        "kernel": r["kernel"], "act": r["act"], "kv": r["kv"], "head_skip": r["head_skip"],
         "tokens": r["tokens"],
+        "instructions_per_token": ipt,
+        "instructions_per_active_parameter": ipt / params,
+        "est_tok_s_at_240mhz_one_instruction_per_cycle": MHZ * 1e6 / ipt,
+        "target_instructions_per_active_parameter": TARGETS[board],
+        "meets_target": ipt / params <= TARGETS[board],
         "instructions_per_position": [round(x) for x in per_pos],
-        "instructions_per_token": statistics.mean(per_pos),
+        "head_rows_computed_share": r["head_rows_computed"] / r["head_rows"],
         "open_instructions": round(mcu.instructions(r["open_ticks"], r["timer_hz"])),
         "flash_reads_per_token": r["storage"]["reads_decode"] / r["positions"],
         "flash_bytes_per_token": r["storage"]["bytes_decode"] / r["positions"],
@@ -142,23 +158,24 @@ def main(argv: list[str] | None = None) -> dict:
         params = active_parameters(model)
         for board in args.boards:
             b = mcu.BOARDS[board]
-            kernels = args.kernel or list(b.kernels)
-            results = {}
-            for kernel in kernels:
-                res = run_kernel(board, kernel, model, args)
-                if "instructions_per_token" in res:
-                    ipt = res["instructions_per_token"]
-                    res["instructions_per_active_parameter"] = ipt / params["total"]
-                    res["est_tok_s_at_240mhz_one_instruction_per_cycle"] = MHZ * 1e6 / ipt
-                    res["target_instructions_per_active_parameter"] = TARGETS[board]
-                    res["meets_target"] = ipt / params["total"] <= TARGETS[board]
-                results[kernel] = res
-            ran = [r for r in results.values() if "tokens" in r]
+            runs = {}
+            for path, (options, integer) in PATHS.items():
+                if path == "fp32" and args.no_fp32:
+                    continue
+                for kernel in (args.kernel or list(b.kernels)) if integer else [None]:
+                    name = f"{path}/{kernel}" if kernel else path
+                    runs[name] = run_one(board, kernel, options, model, args, params["total"])
+            ran = [r for r in runs.values() if "tokens" in r]
+            best = min(ran, key=lambda r: r["instructions_per_token"]) if ran else None
             boards[board] = {
                 "cpu": b.cpu, "cpu_flags": list(b.cpu_flags), "timer_hz": b.timer_hz,
                 "compile_flags": list(mcu.COMPILE_FLAGS),
-                "same_tokens_across_kernels": len({tuple(r["tokens"]) for r in ran}) <= 1,
-                "kernels": results,
+                "same_tokens_per_path": {p: len({tuple(r["tokens"]) for n, r in runs.items()
+                                                 if n.split("/")[0] == p and "tokens" in r}) <= 1 for p in PATHS},
+                "fewest_instructions": best and {k: best[k] for k in ("kernel", "act", "kv", "head_skip",
+                                                                      "instructions_per_active_parameter",
+                                                                      "meets_target")},
+                "runs": runs,
             }
         file_bytes = model.stat().st_size
     result = {
@@ -169,6 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "file_bytes": file_bytes, "weights": "random (seed 0): counts do not depend on values",
                   "active_parameters": params},
         "run": {"prompt_ids": args.prompt, "positions": args.steps, "greedy": True,
+                "head_skip_note": "its savings depend on the weights; these are random",
                 "per_token": "one forward pass plus the argmax over the vocabulary, mean over all positions",
                 "verify": "core checksums at open (the 13 MB PLE table is not hashed: open is not what is counted)",
                 "device_profile": "esp32-s3 (placement as plelab plan --kv-dtype fp32)"},

@@ -21,8 +21,8 @@ from typing import Any
 from plelab.errors import PlelabError
 
 C_DIR = Path(__file__).with_name("c")
-LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c")
-HEADERS = ("ple.h", "devices.inc", "ple_mutate.h")
+LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_kernels.c")
+HEADERS = ("ple.h", "ple_kernels.h", "devices.inc", "ple_mutate.h")
 PROGRAMS = {"plerun": "plerun.c", "plefuzz": "plefuzz.c"}
 # fp-contract: let a * b + c become one fused multiply-add (C99 mode turns it off; +40% int4 tok/s here)
 BASE_FLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Wall -Wextra -ffp-contract=fast"
@@ -109,11 +109,17 @@ def devices_inc(devices_file: str | None = None) -> str:
 
 def run(model: str | Path, ids: list[int], steps: int, temperature: float = 0.0, top_k: int | None = None,
         seed: int = 0, threads: int = 1, verify: str = "full", device: str | None = None, top_p: float = 1.0,
-        devices_file: str | None = None, extra: list[str] | None = None, **build_opts: Any) -> dict[str, Any]:
-    """Run `plerun --json` on `model` and return its result (tokens, tok/s, traffic, arena)."""
+        devices_file: str | None = None, extra: list[str] | None = None, act: str = "fp32", kv_dtype: str = "fp32",
+        **build_opts: Any) -> dict[str, Any]:
+    """Run `plerun --json` on `model` and return its result (tokens, tok/s, traffic, arena).
+
+    act: "fp32" (the reference) or "int8" (int8 activations into int8 / int4 weights); kv_dtype: the KV cache's
+    "fp32" or "int8" (docs/c-runtime.md).
+    """
     binary = build(openmp=threads > 1, **build_opts)
     cmd = [str(binary), str(model), "--ids", ",".join(map(str, ids)), "--steps", str(steps), "--json",
-           "--temperature", str(temperature), "--seed", str(seed), "--threads", str(threads)]
+           "--temperature", str(temperature), "--seed", str(seed), "--threads", str(threads), "--act", act,
+           "--kv", kv_dtype]
     if top_k:
         cmd += ["--top-k", str(top_k)]
     if top_p < 1:

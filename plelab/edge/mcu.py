@@ -6,6 +6,7 @@ Helium), links the .ple file into the board's flash, and `run_image` runs it und
 shift=0` (one instruction = one nanosecond of virtual time, which the board's timer counts).
 
     python -m plelab.edge.mcu run model.ple --board mps2-an500 --ids 1,2,3 --steps 8     # one JSON line
+    python -m plelab.edge.mcu run model.ple --board mps3-an547 --act int8 --kv int8 --head-skip --kernel helium
 
 ESP-IDF v5 builds components with `-Wall -Werror=all` and its toolchains (Xtensa, RISC-V) define `uint32_t`
 as `unsigned long`, as arm-none-eabi-gcc does; on x86-64 it is `unsigned int`, so a `%u` given a `uint32_t`
@@ -95,20 +96,19 @@ class Board:
     timer_base: int  # the timer's registers (the counter's control frame)
     timer_read: int  # where its count is read (the counter's read frame; the timer itself for CMSDK)
     timer_hz: int  # its clock in virtual time: the board's main clock
-    kernels: tuple[str, ...]  # kernel choices this core runs (PLE_KERNEL)
+    kernels: tuple[str, ...]  # integer kernels this core runs (KERNELS)
 
 
 BOARDS = {
     # QEMU hw/arm/mps2.c: SYSCLK 25 MHz drives the CMSDK APB timers at 0x40000000
     "mps2-an500": Board("mps2-an500", "Cortex-M7", ("-mcpu=cortex-m7", "-mfpu=fpv5-d16", "-mfloat-abi=hard"),
-                        "CMSDK", 0x40000000, 0x40000000, 25_000_000, ("portable", "vector", "dsp")),
+                        "CMSDK", 0x40000000, 0x40000000, 25_000_000, ("portable", "dsp")),
     # QEMU hw/arm/mps2-tz.c + armsse.c: the SSE-300 System Counter runs on MAINCLK, 32 MHz on the AN547
     "mps3-an547": Board("mps3-an547", "Cortex-M55 + Helium", ("-mcpu=cortex-m55", "-mfloat-abi=hard"),
-                        "SSE_COUNTER", 0x58100000, 0x48101000, 32_000_000, ("portable", "vector", "helium")),
+                        "SSE_COUNTER", 0x58100000, 0x48101000, 32_000_000, ("portable", "helium")),
 }
-# -DPLE_KERNEL=...: which matrix-vector kernels the runtime compiles (ple.h); None leaves the runtime's default
-KERNELS = {"portable": "PLE_KERNEL_PORTABLE", "vector": "PLE_KERNEL_VECTOR", "dsp": "PLE_KERNEL_DSP",
-           "helium": "PLE_KERNEL_HELIUM"}
+# the integer kernels (ple_kernels.h) a build uses with int8 activations; "default": the best the core has
+KERNELS = {"portable": "-DPLE_KERNEL_PORTABLE", "dsp": "-DPLE_KERNEL_DSP", "helium": "-DPLE_KERNEL_MVE"}
 SOURCES = (*(C_DIR / s for s in c_engine.LIBRARY), MCU_DIR / "startup.c", MCU_DIR / "plemcu.c",
            MCU_DIR / "ple_storage_flash.c")
 # -Wstack-usage: no function may take more than 4 KiB of stack (an ESP-IDF task's whole stack can be 3.5 KiB)
@@ -141,9 +141,9 @@ def image_flags(board: Board, kernel: str | None) -> list[str]:
         raise McuError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
     flags = [*board.cpu_flags, *COMPILE_FLAGS, f"-DPLE_MCU_TIMER_{board.timer}",
              f"-DPLE_MCU_TIMER_BASE={board.timer_base:#x}u", f"-DPLE_MCU_TIMER_READ={board.timer_read:#x}u",
-             f"-DPLE_MCU_TIMER_HZ={board.timer_hz}u", f'-DPLE_MCU_BOARD="{board.name}"',
-             f'-DPLE_MCU_KERNEL="{kernel or "default"}"', "-I", str(C_DIR), "-I", str(MCU_DIR)]
-    return flags + ([f"-DPLE_KERNEL={KERNELS[kernel]}"] if kernel else [])
+             f"-DPLE_MCU_TIMER_HZ={board.timer_hz}u", f'-DPLE_MCU_BOARD="{board.name}"', "-I", str(C_DIR),
+             "-I", str(MCU_DIR)]
+    return flags + ([KERNELS[kernel]] if kernel else [])
 
 
 def _objects(board: Board, kernel: str | None) -> list[Path]:
@@ -259,12 +259,19 @@ def run_image(board_name: str, image: str | Path, args: list[str], timeout: floa
     return McuRun(proc.returncode, proc.stdout, proc.stderr, cmd)
 
 
+def run_args(ids: list[int] | str, steps: int, verify: int = 2, act: str = "fp32", kv: str = "fp32",
+             head_skip: bool = False) -> list[str]:
+    """The image's command line for a greedy run (plemcu.c)."""
+    ids = ids if isinstance(ids, str) else ",".join(map(str, ids))
+    return ["run", "--ids", ids, "--steps", str(steps), "--verify", str(verify), "--act", act, "--kv", kv,
+            *(["--head-skip"] if head_skip else [])]
+
+
 def run_model(board_name: str, model: str | Path, ids: list[int], steps: int, kernel: str | None = None,
-              verify: int = 2, timeout: float = 60) -> dict[str, Any]:
+              timeout: float = 60, **options: Any) -> dict[str, Any]:
     """Greedy decode of `model` on the board (image built as needed): the image's JSON result."""
     image = build_image(board_name, model, kernel)
-    args = ["run", "--ids", ",".join(map(str, ids)), "--steps", str(steps), "--verify", str(verify)]
-    return run_image(board_name, image, args, timeout).result
+    return run_image(board_name, image, run_args(ids, steps, **options), timeout).result
 
 
 def instructions(ticks: int, timer_hz: int) -> float:
@@ -280,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["build", "run", "fuzz", "calibrate"])
     p.add_argument("model", help=".ple file to link into the board's flash")
     p.add_argument("--board", default="mps2-an500", choices=list(BOARDS))
-    p.add_argument("--kernel", choices=list(KERNELS), help="matrix-vector kernels (default: the runtime's own)")
+    p.add_argument("--kernel", choices=list(KERNELS), help="integer kernels (default: the best the core has)")
+    p.add_argument("--act", default="fp32", choices=["fp32", "int8"], help="activations of the products (run)")
+    p.add_argument("--kv", default="fp32", choices=["fp32", "int8"], help="KV cache (run)")
+    p.add_argument("--head-skip", action="store_true", help="greedy head that skips rows (run; needs --act int8)")
     p.add_argument("--ids", default="1", help="prompt token ids, comma separated (run)")
     p.add_argument("--steps", type=int, default=8, help="positions to run, prompt included (run)")
     p.add_argument("--verify", type=int, default=2, choices=[0, 1, 2], help="checksums: 0 none, 1 core, 2 all")
@@ -293,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "build":
             print(image)
             return 0
-        extra = {"run": ["run", "--ids", args.ids, "--steps", str(args.steps), "--verify", str(args.verify)],
+        extra = {"run": run_args(args.ids, args.steps, args.verify, args.act, args.kv, args.head_skip),
                  "fuzz": ["fuzz", "--cases", str(args.cases), "--seed", str(args.seed)],
                  "calibrate": ["calibrate", "--loops", "1000000"]}[args.action]
         run = run_image(args.board, image, extra, args.timeout)

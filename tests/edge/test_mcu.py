@@ -58,9 +58,13 @@ MODELS = {  # name -> (lively_model overrides, export options)
     "gemma_int8": ([], {"quant": "int8", "group": 32}),
     "simple_int4": (["ple.gate=scalar", "ple.context=false", "ple.output_norm=false"], {"quant": "int4", "group": 32}),
     "mglu_int4": (["ffn.kind=mglu", "ffn.mask_count=2"], {"quant": "int4", "group": 32}),
-    # a 2,048-position KV cache (512 KiB) does not fit the SRAM tier: the plan puts it in PSRAM
-    "kv_in_psram_int8": (["max_seq_len=2048"], {"quant": "int8", "group": 32}),
+    # an 8,192-position KV cache (2 MiB in float32, 768 KiB in int8) does not fit the SRAM tier: it goes to PSRAM
+    "kv_in_psram_int8": (["max_seq_len=8192"], {"quant": "int8", "group": 32}),
 }
+# the runtime's two paths: float activations (the reference), and the MCU path of int8 activations, an int8 KV
+# cache and the greedy head that skips rows
+PATHS = {"fp32": {}, "int8": {"act": "int8", "kv": "int8", "head_skip": True}}
+HOST_FLAGS = {"fp32": [], "int8": ["--act", "int8", "--kv", "int8", "--head-skip"]}
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +81,15 @@ def mcu_run(board: str, model: Path, *args: str, timeout: float = 60) -> mcu.Mcu
     return mcu.run_image(board, mcu.build_image(board, model), list(args), timeout=timeout)
 
 
-def host_plan_ram(model: Path) -> dict[str, int]:
+def host_plan_ram(model: Path, kv: str) -> dict[str, int]:
     with PleFile(model, verify="none") as f:
-        want = plan(f.layout, get_device("esp32-s3"), kv_dtype="fp32")  # context = max_seq_len, as the arena
+        want = plan(f.layout, get_device("esp32-s3"), kv_dtype=kv)  # context = max_seq_len, as the arena
     return {name: t["used"] for name, t in want["tiers"].items() if t["kind"] == "ram"}
+
+
+def record_bytes(model: Path) -> int:
+    with PleFile(model, verify="none") as f:
+        return f.layout.table("ple").record_bytes
 
 
 @needs_mcu
@@ -95,42 +104,40 @@ def test_the_board_timer_counts_one_tick_per_instruction_at_its_clock(board, mod
 @pytest.mark.parametrize("name", list(MODELS))
 def test_bare_metal_greedy_ids_equal_the_host_engine_with_the_plans_arena(name, models):
     model = models[name]
-    host = c_engine.run(model, PROMPT, STEPS, device="esp32-s3", cflags="-O2")
-    want_ram = host_plan_ram(model)
-    assert {t: u["placed"] for t, u in host["tiers"].items()} == want_ram
-    for board in BOARDS:
-        r = mcu_run(board, model, "run", "--ids", ",".join(map(str, PROMPT)), "--steps", str(STEPS)).result
-        assert r["tokens"] == host["tokens"], board
-        # the arena as the ESP32-S3 plan places it: SRAM and PSRAM parts equal the plan's figures
-        assert {t: u["placed"] for t, u in r["tiers"].items()} == want_ram, board
-        assert r["tiers"]["sram"]["placed"] <= 300_032  # the profile's SRAM for weights + KV cache
-        assert r["sram_region"]["bytes"] == 512 * 1024  # the SRAM stand-in: stack, data, heap, SRAM arena
-        assert r["sram_region"]["stack_data_heap"] + r["tiers"]["sram"]["arena"] <= 512 * 1024
-        assert r["sram_region"]["stack_used"] < r["sram_region"]["stack"]
-        assert all(u["arena"] <= u["available"] for u in r["tiers"].values())
-        # the flash holds the file; decoding reads one PLE record per token from it, and nothing past its end
-        st = r["storage"]
-        assert st["reads_decode"] == STEPS and st["bytes_decode"] == STEPS * host_record_bytes(model)
-        assert st["refused"] == 0 and st["file_bytes"] == model.stat().st_size
-        assert st["partition_bytes"] % 4096 == 0 and st["partition_bytes"] >= st["file_bytes"]
-        assert all(t > 0 for t in r["token_ticks"])
-    if name == "kv_in_psram_int8":
-        assert want_ram["psram"] > 0 and r["tiers"]["psram"]["arena"] >= want_ram["psram"]
-
-
-def host_record_bytes(model: Path) -> int:
-    with PleFile(model, verify="none") as f:
-        return f.layout.table("ple").record_bytes
+    for path, opts in PATHS.items():
+        host = c_engine.run(model, PROMPT, STEPS, device="esp32-s3", cflags="-O2", extra=HOST_FLAGS[path])
+        want_ram = host_plan_ram(model, opts.get("kv", "fp32"))
+        assert {t: u["placed"] for t, u in host["tiers"].items()} == want_ram
+        for board in BOARDS:
+            r = mcu.run_model(board, model, PROMPT, STEPS, **opts)
+            assert r["tokens"] == host["tokens"], (board, path)
+            assert r["head_rows_computed"] <= r["head_rows"] == STEPS * 256
+            # the arena as the ESP32-S3 plan places it: SRAM and PSRAM parts equal the plan's figures
+            assert {t: u["placed"] for t, u in r["tiers"].items()} == want_ram, (board, path)
+            assert r["tiers"]["sram"]["placed"] <= 300_032  # the profile's SRAM for weights + KV cache
+            assert r["sram_region"]["bytes"] == 512 * 1024  # the SRAM stand-in: stack, data, heap, SRAM arena
+            assert r["sram_region"]["stack_data_heap"] + r["tiers"]["sram"]["arena"] <= 512 * 1024
+            assert r["sram_region"]["stack_used"] < r["sram_region"]["stack"]
+            assert all(u["arena"] <= u["available"] for u in r["tiers"].values())
+            # the flash holds the file; a token reads one PLE record from it, and nothing past its end
+            st = r["storage"]
+            assert st["reads_decode"] == STEPS and st["bytes_decode"] == STEPS * record_bytes(model)
+            assert st["refused"] == 0 and st["file_bytes"] == model.stat().st_size
+            assert st["partition_bytes"] % 4096 == 0 and st["partition_bytes"] >= st["file_bytes"]
+            assert all(t > 0 for t in r["token_ticks"])
+            if name == "kv_in_psram_int8":
+                assert want_ram["psram"] > 0 and r["tiers"]["psram"]["arena"] >= want_ram["psram"]
 
 
 @needs_mcu
-def test_the_portable_kernels_build_with_werror_and_give_the_same_ids(models):
+def test_every_integer_kernel_builds_with_werror_and_gives_the_host_ids(models):
     model = models["gemma_int4"]
-    host = c_engine.run(model, PROMPT, STEPS, device="esp32-s3", cflags="-O2")
+    host = c_engine.run(model, PROMPT, STEPS, device="esp32-s3", cflags="-O2", extra=HOST_FLAGS["int8"])
+    names = {"portable": "portable", "dsp": "dsp", "helium": "mve"}
     for board in BOARDS:
-        image = mcu.build_image(board, model, kernel="portable")
-        r = mcu.run_image(board, image, ["run", "--ids", ",".join(map(str, PROMPT)), "--steps", str(STEPS)]).result
-        assert r["kernel"] == "portable" and r["tokens"] == host["tokens"]
+        for kernel in mcu.BOARDS[board].kernels:
+            r = mcu.run_model(board, model, PROMPT, STEPS, kernel=kernel, **PATHS["int8"])
+            assert r["kernel"] == names[kernel] and r["tokens"] == host["tokens"], (board, kernel)
 
 
 @needs_mcu
@@ -185,7 +192,7 @@ def test_mutated_files_in_flash_end_in_a_message_never_a_fault(board, models):
     run = mcu_run(board, models["gemma_int4"], "fuzz", "--cases", "300", "--seed", "11", timeout=120)
     r = run.result  # a fault would be exit status 3 with its message, a hang the timeout
     assert r["cases"] == 300 and r["accepted"] + r["rejected"] == 300
-    assert r["bad_messages"] == 0 and r["refused_reads"] >= 0
+    assert r["bad_messages"] == 0
     assert r["rejected"] > 100 and r["accepted"] > 0
     assert r["by_kind"]["header_fields"] > 20 and r["by_kind"]["model_fields"] > 20
     assert r["heap_used_after"] == 0  # every rejection freed what it allocated

@@ -60,7 +60,8 @@ int main(int argc, char **argv) {
         size_t len = ple_mutate(&rng, work, orig, n, model_off, model_len, &kind, &verify);
         by_kind[kind]++;
         ple_storage_mem(&st, work, len);
-        ple_options opt = {verify, (int)(ple_rng_next(&rng) % 2), NULL, 64u << 20, NULL};
+        ple_options opt = {.verify = verify, .map_weights = (int)(ple_rng_next(&rng) % 2), .max_arena = 64u << 20,
+                           .int8_act = (int)(ple_rng_next(&rng) % 2)};
         ple_model *m;
         err[0] = 0;
         if (ple_open(&m, &st, &opt, err)) {

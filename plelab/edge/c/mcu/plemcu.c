@@ -1,6 +1,7 @@
 /* plemcu: the plelab C runtime on a bare-metal Cortex-M board, the .ple file linked into its flash.
  *
- *   plemcu run --ids 1,2,3 --steps N [--verify 0|1|2]   greedy decode, one JSON line: tokens, timer ticks per
+ *   plemcu run --ids 1,2,3 --steps N [--verify 0|1|2] [--act fp32|int8] [--kv fp32|int8] [--head-skip]
+ *                                                        greedy decode, one JSON line: tokens, timer ticks per
  *                                                        token, storage reads, SRAM / PSRAM use
  *   plemcu fuzz --cases N [--seed S]                     mutated copies of the flashed file (ple_mutate.h)
  *                                                        through ple_open and two decode steps; one JSON line
@@ -20,14 +21,12 @@
 
 #include "board.h"
 #include "ple.h"
+#include "ple_kernels.h"
 #include "ple_mutate.h"
 #include "ple_storage_flash.h"
 
 #ifndef PLE_MCU_BOARD
 #define PLE_MCU_BOARD "unknown"
-#endif
-#ifndef PLE_MCU_KERNEL
-#define PLE_MCU_KERNEL "default"
 #endif
 #define MAX_ARGS 16
 #define MAX_STEPS 1024
@@ -54,6 +53,19 @@ static const char *arg_value(int argc, char **argv, const char *name, const char
     for (int i = 0; i + 1 < argc; i++)
         if (!strcmp(argv[i], name)) return argv[i + 1];
     return fallback;
+}
+
+static int arg_flag(int argc, char **argv, const char *name) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], name)) return 1;
+    return 0;
+}
+
+/* --NAME fp32|int8 -> 0 | 1 */
+static int arg_int8(int argc, char **argv, const char *name) {
+    const char *v = arg_value(argc, argv, name, "fp32");
+    if (strcmp(v, "fp32") && strcmp(v, "int8")) die("%s wants fp32 or int8, got '%s'", name, v);
+    return !strcmp(v, "int8");
 }
 
 static long arg_long(int argc, char **argv, const char *name, long fallback) {
@@ -95,7 +107,9 @@ static int run(int argc, char **argv, const ple_device *dev) {
     ple_storage_flash(&st, &fl, part, part_bytes);
     ple_region reg[PLE_MAX_TIERS];
     board_regions(dev, reg, board_psram_arena());
-    ple_options opt = {(int)arg_long(argc, argv, "--verify", 2), 0, dev, 0, reg};
+    ple_options opt = {.verify = (int)arg_long(argc, argv, "--verify", 2), .device = dev, .regions = reg,
+                       .int8_act = arg_int8(argc, argv, "--act"), .int8_kv = arg_int8(argc, argv, "--kv"),
+                       .head_skip = arg_flag(argc, argv, "--head-skip")};
     char err[PLE_ERR];
     ple_model *m;
     board_timer_start();
@@ -122,12 +136,9 @@ static int run(int argc, char **argv, const ple_device *dev) {
     uint64_t reads0 = fl.reads, bytes0 = fl.bytes;
     for (long pos = 0; pos < steps; pos++) {
         uint64_t t0 = board_timer_ticks();
-        const float *logits = ple_forward(m, tokens[pos], (uint32_t)pos);
-        if (!logits) die("cannot read a record from flash at position %ld", pos);
-        uint32_t best = 0; /* greedy: the first maximum, as numpy.argmax and plerun */
-        for (uint32_t i = 1; i < d->vocab; i++)
-            if (logits[i] > logits[best]) best = i;
-        if (pos + 1 >= n_prompt) tokens[pos + 1] = best;
+        int64_t best = ple_forward_greedy(m, tokens[pos], (uint32_t)pos); /* the first maximum, as plerun */
+        if (best < 0) die("cannot read a record from flash at position %ld", pos);
+        if (pos + 1 >= n_prompt) tokens[pos + 1] = (uint32_t)best;
         ticks[pos] = board_timer_ticks() - t0;
     }
     ple_traffic tr[PLE_MAX_TIERS];
@@ -135,8 +146,12 @@ static int run(int argc, char **argv, const ple_device *dev) {
     int nt = ple_model_traffic(m, tr, PLE_MAX_TIERS, &counted);
     struct mallinfo mi = mallinfo();
     board_region sram = board_sram_total(), sram_arena = board_sram_arena();
-    printf("{\"mode\": \"run\", \"board\": \"%s\", \"kernel\": \"%s\", \"device\": \"%s\", \"tokens\": [", PLE_MCU_BOARD,
-           PLE_MCU_KERNEL, dev->name);
+    uint64_t head_done, head_total;
+    ple_model_head_rows(m, &head_done, &head_total);
+    printf("{\"mode\": \"run\", \"board\": \"%s\", \"kernel\": \"%s\", \"act\": \"%s\", \"kv\": \"%s\", "
+           "\"head_skip\": %s, \"head_rows_computed\": %llu, \"head_rows\": %llu, \"device\": \"%s\", \"tokens\": [",
+           PLE_MCU_BOARD, ple_kernel_name(), opt.int8_act ? "int8" : "fp32", opt.int8_kv ? "int8" : "fp32",
+           opt.head_skip ? "true" : "false", (unsigned long long)head_done, (unsigned long long)head_total, dev->name);
     for (long i = 0; i <= steps; i++) printf("%s%" PRIu32, i ? ", " : "", tokens[i]);
     printf("], \"prompt_tokens\": %ld, \"positions\": %ld, \"timer_hz\": %" PRIu32 ", \"open_ticks\": %llu"
            ", \"token_ticks\": [", n_prompt, steps, board_timer_hz(), (unsigned long long)open_ticks);
@@ -192,7 +207,8 @@ static int fuzz(int argc, char **argv, const ple_device *dev) {
         size_t len = ple_mutate(&rng, work, flash, n, model_off, model_len, &kind, &verify);
         by_kind[kind]++;
         ple_storage_flash(&st, &fl, work, len);
-        ple_options opt = {verify ? 2 : 0, 0, dev, 0, reg};
+        ple_options opt = {.verify = verify ? 2 : 0, .device = dev, .regions = reg,
+                           .int8_act = (int)(ple_rng_next(&rng) % 2), .int8_kv = (int)(ple_rng_next(&rng) % 2)};
         ple_model *m;
         err[0] = 0;
         if (ple_open(&m, &st, &opt, err)) {
