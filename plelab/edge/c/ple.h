@@ -114,6 +114,12 @@ const char *ple_device_names(void);
 
 /* ---- the model ------------------------------------------------------------------------------------ */
 
+/* Caller memory for one RAM tier (a microcontroller's SRAM or PSRAM: the runtime never mallocs the arena then). */
+typedef struct {
+    void *base;
+    uint64_t bytes;
+} ple_region;
+
 typedef struct {
     int verify;                /* 0 none, 1 all but the row tables, 2 every byte */
     int map_weights;           /* use weights in place when the storage maps (not counted in the arena) */
@@ -122,7 +128,19 @@ typedef struct {
     int int8_act;              /* products with int8 / int4 weights take int8 activations (ple_kernels.h); 0: float */
     int int8_kv;               /* keep the KV cache as int8 codes + one float scale per head vector; 0: float32 */
     int head_skip;             /* ple_forward_greedy computes only the head rows that can still win (needs int8_act) */
+    /* NULL: one malloc'ed arena. Else device->n_tiers entries (storage tiers' ignored): each tensor and the
+     * KV cache go to the region of the tier the placement chose, the working buffers to the fastest region
+     * with room; a model that does not fit is refused naming the bytes needed and the region's size. */
+    const ple_region *regions;
 } ple_options;
+
+/* Per RAM tier: what the model takes of it. */
+typedef struct {
+    char tier[32];
+    uint64_t placed;    /* weights + KV cache placed there (plelab plan's `used` at context max_seq_len) */
+    uint64_t arena;     /* bytes of it the model occupies: placed, 64-byte alignment, working buffers */
+    uint64_t available; /* the region's bytes, or the tier's capacity when there are no regions */
+} ple_tier_use;
 
 typedef struct {
     char tier[32];
@@ -151,6 +169,8 @@ uint64_t ple_model_arena_bytes(const ple_model *m);
 uint64_t ple_model_weight_bytes(const ple_model *m);
 uint64_t ple_model_kv_bytes(const ple_model *m);
 uint64_t ple_model_peak_bytes(const ple_model *m);
+/* Use of each RAM tier (fills at most max entries); returns the number of RAM tiers. */
+int ple_model_tier_use(const ple_model *m, ple_tier_use *out, int max);
 void ple_close(ple_model *m);
 
 #endif

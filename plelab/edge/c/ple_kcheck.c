@@ -45,6 +45,13 @@ static void hex(FILE *f, const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++) fprintf(f, "%02x", p[i]);
 }
 
+/* Count a result that differs from the reference in any bit (and remember the first such case). */
+static void check(ple_kcheck_result *out, uint32_t c, float got, float want) {
+    if (!memcmp(&got, &want, sizeof got)) return;
+    if (!out->mismatches) out->first_bad = c;
+    out->mismatches++;
+}
+
 #define UP16(n) (((size_t)(n) + 15) / 16 * 16)
 
 void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck_result *out) {
@@ -86,10 +93,7 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
         ple_kact_prepare(&a, dtype);
         float got = ple_kdot(dtype, codes, scales, group, e0, n, &a);
         float want = reference(dtype, codes, scales, group, e0, n, &a);
-        if (memcmp(&got, &want, sizeof got)) {
-            if (!out->mismatches) out->first_bad = c;
-            out->mismatches++;
-        }
+        check(out, c, got, want);
         out->cases++;
         out->digest = fnv(fnv(out->digest, &got, sizeof got), a.q, n);
         if (emit) {
@@ -110,6 +114,34 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
             fprintf(emit, "\", \"want\": \"");
             hex(emit, (const uint8_t *)&want, 4);
             fprintf(emit, "\"}\n");
+        }
+        if (n <= 300) { /* the row walkers: ple_kdot_dense on rows of n values, ple_kdot_rows on n-value records */
+            float rows_out[4];
+            uint32_t r0 = e0 / n, r1 = r0 + 1 + rng(&s) % 3;
+            if (r1 * n > maxn) r1 = maxn / n;
+            uint32_t total = r1 * n, cb = dtype == PLE_INT8 ? total : (total + 1) / 2;
+            for (uint32_t i = 0; i < cb; i++) codes[i] = (uint8_t)rng(&s);
+            for (uint32_t g = 0; g < (total + group - 1) / group; g++) {
+                uint32_t h = (rng(&s) & 0x8000u) | (5u + rng(&s) % 16) << 10 | (rng(&s) & 0x3ffu);
+                scales[2 * g] = (uint8_t)h, scales[2 * g + 1] = (uint8_t)(h >> 8);
+            }
+            ple_kdot_dense(rows_out, dtype, codes, scales, group, r0, r1, n, &a);
+            for (uint32_t r = r0; r < r1; r++)
+                check(out, c, rows_out[r - r0], reference(dtype, codes, scales, group, (uint64_t)r * n, n, &a));
+            /* records: the codes, then the fp16 scale, then 0-2 bytes of padding */
+            uint32_t scale_at = dtype == PLE_INT8 ? n : (n + 1) / 2, rec = scale_at + 2 + rng(&s) % 3;
+            uint32_t nrec = 1 + rng(&s) % 3;
+            for (uint32_t i = 0; i < nrec * rec; i++) codes[i] = (uint8_t)rng(&s);
+            for (uint32_t r = 0; r < nrec; r++) codes[r * rec + scale_at + 1] = (uint8_t)(0x10 + rng(&s) % 0x40);
+            ple_kdot_rows(rows_out, dtype, codes, codes + scale_at, rec, nrec, n, &a);
+            for (uint32_t r = 0; r < nrec; r++)
+                check(out, c, rows_out[r], reference(dtype, codes + r * rec, codes + r * rec + scale_at, n, 0, n, &a));
+            uint32_t idx[3] = {nrec - 1, 0, nrec / 2}; /* rows picked out of order (the greedy head's blocks) */
+            ple_kdot_pick(rows_out, dtype, codes, codes + scale_at, rec, idx, nrec, n, &a);
+            for (uint32_t k = 0; k < nrec; k++)
+                check(out, c, rows_out[k],
+                      reference(dtype, codes + idx[k] * rec, codes + idx[k] * rec + scale_at, n, 0, n, &a));
+            out->cases += (r1 - r0) + 2 * nrec;
         }
     }
 }

@@ -176,16 +176,19 @@ static void kact_layout(ple_kact *a, int dtype) {
     }
 }
 
-static int32_t kseg_i4(const uint8_t *wb, const ple_kact *a, uint32_t x0, uint32_t n) {
+/* Inlined where it is called: a call's setup cost a third of a 96-value row. */
+static inline __attribute__((always_inline)) int32_t kseg_i4(const uint8_t *wb, const ple_kact *a, uint32_t x0,
+                                                            uint32_t n) {
     const int8_t *xe = (const int8_t *)a->lay + x0 / 2, *xo = xe + PAD16(a->cap) / 2;
     const int8_t *w = (const int8_t *)wb;
     int32_t acc = 0;
-    uint32_t pairs = n / 2;
-    for (; pairs >= 16; pairs -= 16, w += 16, xe += 16, xo += 16) {
+    uint32_t pairs = n / 2, full = pairs / 16; /* a counted loop: GCC sets up DLS/LE from the count directly */
+    for (uint32_t j = 0; j < full; j++, w += 16, xe += 16, xo += 16) {
         int8x16_t c = vld1q_s8(w);
         acc = vmladavaq_s8(acc, vshrq_n_s8(vshlq_n_s8(c, 4), 4), vld1q_s8(xe));
         acc = vmladavaq_s8(acc, vshrq_n_s8(c, 4), vld1q_s8(xo));
     }
+    pairs %= 16;
     if (pairs) {
         mve_pred16_t p = vctp8q(pairs);
         int8x16_t c = vldrbq_z_s8(w, p);
@@ -195,10 +198,79 @@ static int32_t kseg_i4(const uint8_t *wb, const ple_kact *a, uint32_t x0, uint32
     return acc;
 }
 
-static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t n) {
+/* Rows of a tied head (records `stride` apart, n values from activation index 0, one scale each), two at a time:
+ * each activation load serves both rows, and the row bookkeeping and tail predicate are paid once per pair. */
+#define KROWS_I4 1
+static inline int8x16_t lo4(int8x16_t c) { return vshrq_n_s8(vshlq_n_s8(c, 4), 4); }
+
+static void krows_i4(float *out, const uint8_t *codes, const uint8_t *scales, size_t stride, const uint32_t *idx,
+                     uint32_t rows, uint32_t n, const ple_kact *a) {
+    const int8_t *xe = (const int8_t *)a->lay, *xo = xe + PAD16(a->cap) / 2;
+    uint32_t pairs = n / 2, full = pairs / 16, rest = pairs % 16, r = 0;
+    mve_pred16_t p = vctp8q(rest);
+    float scale = a->scale;
+    for (; r + 2 <= rows; r += 2) {
+        size_t o0 = (idx ? idx[r] : r) * stride, o1 = (idx ? idx[r + 1] : r + 1) * stride;
+        const int8_t *w0 = (const int8_t *)codes + o0, *w1 = (const int8_t *)codes + o1, *e = xe, *o = xo;
+        int32_t a0 = 0, a1 = 0;
+        for (uint32_t j = 0; j < full; j++, w0 += 16, w1 += 16, e += 16, o += 16) {
+            int8x16_t ve = vld1q_s8(e), vo = vld1q_s8(o), c0 = vld1q_s8(w0), c1 = vld1q_s8(w1);
+            a0 = vmladavaq_s8(a0, lo4(c0), ve);
+            a1 = vmladavaq_s8(a1, lo4(c1), ve);
+            a0 = vmladavaq_s8(a0, vshrq_n_s8(c0, 4), vo);
+            a1 = vmladavaq_s8(a1, vshrq_n_s8(c1, 4), vo);
+        }
+        if (rest) {
+            int8x16_t ve = vldrbq_z_s8(e, p), vo = vldrbq_z_s8(o, p), c0 = vldrbq_z_s8(w0, p), c1 = vldrbq_z_s8(w1, p);
+            a0 = vmladavaq_s8(a0, lo4(c0), ve);
+            a1 = vmladavaq_s8(a1, lo4(c1), ve);
+            a0 = vmladavaq_s8(a0, vshrq_n_s8(c0, 4), vo);
+            a1 = vmladavaq_s8(a1, vshrq_n_s8(c1, 4), vo);
+        }
+        out[r] = (float)a0 * ple_f16(scales + o0) * scale;
+        out[r + 1] = (float)a1 * ple_f16(scales + o1) * scale;
+    }
+    if (r < rows) { /* an odd last row */
+        size_t o0 = (idx ? idx[r] : r) * stride;
+        const int8_t *w = (const int8_t *)codes + o0, *e = xe, *o = xo;
+        int32_t acc = 0;
+        for (uint32_t j = 0; j < full; j++, w += 16, e += 16, o += 16) {
+            int8x16_t c = vld1q_s8(w);
+            acc = vmladavaq_s8(acc, lo4(c), vld1q_s8(e));
+            acc = vmladavaq_s8(acc, vshrq_n_s8(c, 4), vld1q_s8(o));
+        }
+        if (rest) {
+            int8x16_t c = vldrbq_z_s8(w, p);
+            acc = vmladavaq_s8(acc, lo4(c), vldrbq_z_s8(e, p));
+            acc = vmladavaq_s8(acc, vshrq_n_s8(c, 4), vldrbq_z_s8(o, p));
+        }
+        out[r] = (float)acc * ple_f16(scales + o0) * scale;
+    }
+}
+
+#define KROWS_I8 1
+static void krows_i8(float *out, const uint8_t *codes, const uint8_t *scales, size_t stride, const uint32_t *idx,
+                     uint32_t rows, uint32_t n, const ple_kact *a) {
+    uint32_t full = n / 16, rest = n % 16;
+    mve_pred16_t p = vctp8q(rest);
+    float scale = a->scale;
+    for (uint32_t r = 0; r < rows; r++) {
+        size_t off = (idx ? idx[r] : r) * stride;
+        const int8_t *w = (const int8_t *)codes + off, *q = a->q;
+        int32_t acc = 0;
+        for (uint32_t j = 0; j < full; j++, w += 16, q += 16) acc = vmladavaq_s8(acc, vld1q_s8(w), vld1q_s8(q));
+        if (rest) acc = vmladavaq_s8(acc, vldrbq_z_s8(w, p), vldrbq_z_s8(q, p));
+        out[r] = (float)acc * ple_f16(scales + off) * scale;
+    }
+}
+
+static inline __attribute__((always_inline)) int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0,
+                                                            uint32_t n) {
     const int8_t *q = a->q + x0;
     int32_t acc = 0;
-    for (; n >= 16; n -= 16, w += 16, q += 16) acc = vmladavaq_s8(acc, vld1q_s8(w), vld1q_s8(q));
+    for (uint32_t j = 0, full = n / 16; j < full; j++, w += 16, q += 16)
+        acc = vmladavaq_s8(acc, vld1q_s8(w), vld1q_s8(q));
+    n %= 16;
     if (n) {
         mve_pred16_t p = vctp8q(n);
         acc = vmladavaq_s8(acc, vldrbq_z_s8(w, p), vldrbq_z_s8(q, p));
@@ -282,28 +354,43 @@ void ple_kact_prepare(ple_kact *a, int dtype) {
     a->ready |= bit;
 }
 
-/* Integer sum of values [s, b) of the vector times a->q[x0 ...] (x0: s's index in the activation); b - s is at
- * most PLE_KCHUNK, so the sum fits an int32. */
-static int32_t run(int dtype, const uint8_t *c, uint64_t s, uint64_t b, uint32_t x0, const ple_kact *a) {
+/* Integer sum of n values (n <= PLE_KCHUNK, so it fits an int32) whose codes start at c times a->q[x0 ...]. int8:
+ * c is the first value's byte; int4: the byte holding it, in its high nibble when odd. */
+static int32_t run(int dtype, const uint8_t *c, uint32_t odd, uint32_t n, uint32_t x0, const ple_kact *a) {
     const int8_t *q = a->q;
-    uint32_t n = (uint32_t)(b - s), i = 0;
+    uint32_t i = 0;
     int32_t total = 0;
     if (dtype == PLE_INT8) {
-        const int8_t *w = (const int8_t *)c + s;
+        const int8_t *w = (const int8_t *)c;
         for (; i < n && (x0 + i) % ALIGN_I8; i++) total += w[i] * q[x0 + i];
         uint32_t mid = (n - i) / ALIGN_I8 * ALIGN_I8;
         if (mid) total += kseg_i8(w + i, a, x0 + i, mid);
         for (i += mid; i < n; i++) total += w[i] * q[x0 + i];
         return total;
     }
-    /* int4: pairs line up with the activation's only when s and x0 have the same parity */
-    int lined_up = ((s ^ x0) & 1) == 0;
-    for (; i < n && (!lined_up || (x0 + i) % ALIGN_I4); i++)
-        total += nib4(c[(s + i) / 2], (int)((s + i) & 1)) * q[x0 + i];
+    /* int4: pairs line up with the activation's only when the first value and x0 have the same parity */
+    int lined_up = ((odd ^ x0) & 1) == 0;
+    for (; i < n && (!lined_up || (x0 + i) % ALIGN_I4); i++) total += nib4(c[(odd + i) / 2], (int)((odd + i) & 1)) * q[x0 + i];
     uint32_t mid = (n - i) / ALIGN_I4 * ALIGN_I4;
-    if (mid) total += kseg_i4(c + (s + i) / 2, a, x0 + i, mid);
-    for (i += mid; i < n; i++) total += nib4(c[(s + i) / 2], (int)((s + i) & 1)) * q[x0 + i];
+    if (mid) total += kseg_i4(c + (odd + i) / 2, a, x0 + i, mid);
+    for (i += mid; i < n; i++) total += nib4(c[(odd + i) / 2], (int)((odd + i) & 1)) * q[x0 + i];
     return total;
+}
+
+/* The integer sum of values [s, s + n) of a vector (all in one group) times a->q[x0 ...], as a float: int32 runs of
+ * at most PLE_KCHUNK values, summed in int64 when the group is longer. */
+static inline float seg_sum(int dtype, const uint8_t *codes, uint64_t s, uint32_t n, uint32_t x0, const ple_kact *a) {
+    const uint8_t *c = dtype == PLE_INT8 ? codes + s : codes + s / 2;
+    uint32_t odd = dtype == PLE_INT8 ? 0 : (uint32_t)(s & 1);
+    if (n <= PLE_KCHUNK) { /* aligned at both ends (the usual case): straight to the kernel */
+        if (dtype == PLE_INT4 && !odd && x0 % ALIGN_I4 == 0 && n % ALIGN_I4 == 0) return (float)kseg_i4(c, a, x0, n);
+        if (dtype == PLE_INT8 && x0 % ALIGN_I8 == 0 && n % ALIGN_I8 == 0) return (float)kseg_i8((const int8_t *)c, a, x0, n);
+        return (float)run(dtype, c, odd, n, x0, a);
+    }
+    int64_t t = 0;
+    for (uint32_t p = 0; p < n; p += PLE_KCHUNK) /* p even: an int4 run keeps the parity */
+        t += run(dtype, dtype == PLE_INT8 ? c + p : c + p / 2, odd, n - p < PLE_KCHUNK ? n - p : PLE_KCHUNK, x0 + p, a);
+    return (float)t;
 }
 
 float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint64_t e0, uint32_t n,
@@ -313,24 +400,132 @@ float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t 
     uint64_t g = e0 <= UINT32_MAX ? (uint32_t)e0 / group : e0 / group, end = e0 + n;
     for (uint64_t s = e0; s < end; g++) {
         uint64_t b = (g + 1) * group < end ? (g + 1) * group : end;
-        uint32_t x0 = (uint32_t)(s - e0);
-        float isum;
-        if (b - s <= PLE_KCHUNK) {
-            isum = (float)run(dtype, codes, s, b, x0, a);
-        } else { /* a long group: int32 chunks summed in int64 */
-            int64_t t = 0;
-            for (uint64_t p = s; p < b; p += PLE_KCHUNK)
-                t += run(dtype, codes, p, b - p < PLE_KCHUNK ? b : p + PLE_KCHUNK, x0 + (uint32_t)(p - s), a);
-            isum = (float)t;
-        }
-        sum += isum * ple_f16(scales + 2 * g);
+        sum += seg_sum(dtype, codes, s, (uint32_t)(b - s), (uint32_t)(s - e0), a) * ple_f16(scales + 2 * g);
         s = b;
     }
     return sum * a->scale;
 }
 
+/* ple_kdot_dense for one dtype (a constant where it is called, so each copy is specialised), offsets in 32 bits. */
+static inline __attribute__((always_inline)) void dense32(float *out, int dtype, const uint8_t *codes,
+                                                          const uint8_t *scales, uint32_t group, uint32_t r0,
+                                                          uint32_t r1, uint32_t cols, const ple_kact *a) {
+    uint32_t e = r0 * cols, g = e / group, used = e - g * group; /* used: values of group g before e */
+    uint32_t align = dtype == PLE_INT4 ? ALIGN_I4 : ALIGN_I8;
+    if (cols % align == 0 && group % align == 0 && group <= PLE_KCHUNK) {
+        /* every segment starts and ends aligned (cols and group are multiples): no checks, pointers that step */
+        const uint8_t *c = dtype == PLE_INT4 ? codes + e / 2 : codes + e, *sc = scales + 2 * g;
+        for (uint32_t r = r0; r < r1; r++) {
+            float sum = 0;
+            for (uint32_t x0 = 0; x0 < cols;) {
+                uint32_t take = group - used < cols - x0 ? group - used : cols - x0;
+                int32_t isum = dtype == PLE_INT4 ? kseg_i4(c, a, x0, take) : kseg_i8((const int8_t *)c, a, x0, take);
+                sum += (float)isum * ple_f16(sc);
+                c += dtype == PLE_INT4 ? take / 2 : take;
+                x0 += take, used += take;
+                if (used == group) used = 0, sc += 2;
+            }
+            out[r - r0] = sum * a->scale;
+        }
+        return;
+    }
+    for (uint32_t r = r0; r < r1; r++) {
+        float sum = 0;
+        for (uint32_t x0 = 0; x0 < cols;) { /* the same segments, in the same order, as ple_kdot */
+            uint32_t take = group - used < cols - x0 ? group - used : cols - x0;
+            float isum;
+            if (dtype == PLE_INT4 && !(e & 1) && x0 % ALIGN_I4 == 0 && take % ALIGN_I4 == 0 && take <= PLE_KCHUNK)
+                isum = (float)kseg_i4(codes + e / 2, a, x0, take);
+            else if (dtype == PLE_INT8 && x0 % ALIGN_I8 == 0 && take % ALIGN_I8 == 0 && take <= PLE_KCHUNK)
+                isum = (float)kseg_i8((const int8_t *)codes + e, a, x0, take);
+            else
+                isum = seg_sum(dtype, codes, e, take, x0, a);
+            sum += isum * ple_f16(scales + 2 * g);
+            e += take, x0 += take, used += take;
+            if (used == group) used = 0, g++;
+        }
+        out[r - r0] = sum * a->scale;
+    }
+}
+
+void ple_kdot_dense(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint32_t r0,
+                    uint32_t r1, uint32_t cols, const ple_kact *a) {
+    if ((uint64_t)r1 * cols <= UINT32_MAX) { /* every offset fits 32 bits (a 64-bit add is two instructions) */
+        if (dtype == PLE_INT4) dense32(out, PLE_INT4, codes, scales, group, r0, r1, cols, a);
+        else dense32(out, PLE_INT8, codes, scales, group, r0, r1, cols, a);
+        return;
+    }
+    for (uint32_t r = r0; r < r1; r++)
+        out[r - r0] = ple_kdot(dtype, codes, scales, group, (uint64_t)r * cols, cols, a);
+}
+
+/* ple_kdot_rows and ple_kdot_pick: rows idx[k] (k when idx is NULL) of records `stride` apart. */
+static void rows_of(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride,
+                    const uint32_t *idx, uint32_t rows, uint32_t n, const ple_kact *a) {
+    /* (0 + isum * s) * scale, as ple_kdot. Rows whose length is a multiple of the kernel's alignment go straight to
+     * it (the head is thousands of short rows: no per-row group walk, the kernel's setup paid once) */
+    if (dtype == PLE_INT4 && n % ALIGN_I4 == 0 && n <= PLE_KCHUNK) {
+#ifdef KROWS_I4
+        krows_i4(out, codes, scales, stride, idx, rows, n, a);
+#else
+        for (uint32_t r = 0; r < rows; r++) {
+            size_t off = (idx ? idx[r] : r) * stride;
+            out[r] = (float)kseg_i4(codes + off, a, 0, n) * ple_f16(scales + off) * a->scale;
+        }
+#endif
+    } else if (dtype == PLE_INT8 && n % ALIGN_I8 == 0 && n <= PLE_KCHUNK) {
+#ifdef KROWS_I8
+        krows_i8(out, codes, scales, stride, idx, rows, n, a);
+#else
+        for (uint32_t r = 0; r < rows; r++) {
+            size_t off = (idx ? idx[r] : r) * stride;
+            out[r] = (float)kseg_i8((const int8_t *)codes + off, a, 0, n) * ple_f16(scales + off) * a->scale;
+        }
+#endif
+    } else {
+        for (uint32_t r = 0; r < rows; r++) {
+            size_t off = (idx ? idx[r] : r) * stride;
+            out[r] = seg_sum(dtype, codes + off, 0, n, 0, a) * ple_f16(scales + off) * a->scale;
+        }
+    }
+}
+
 void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
                    uint32_t n, const ple_kact *a) {
-    for (uint32_t r = 0; r < rows; r++, codes += stride, scales += stride) /* (0 + isum * s) * scale, as ple_kdot */
-        out[r] = (float)run(dtype, codes, 0, n, 0, a) * ple_f16(scales) * a->scale;
+    rows_of(out, dtype, codes, scales, stride, NULL, rows, n, a);
+}
+
+void ple_kdot_pick(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride,
+                   const uint32_t *idx, uint32_t count, uint32_t n, const ple_kact *a) {
+    rows_of(out, dtype, codes, scales, stride, idx, count, n, a);
+}
+
+/* ple_argmax (ple.h) lives here for its Helium version. Elsewhere a max pass in eight independent lanes (vectorised
+ * by x86 compilers: the 32k-entry head made the one-lane scan cost ~4% of a token), then a search for its first
+ * occurrence. With Helium (float MVE) four lanes of VMAXNM, then a vector search; v[0] NaN returns 0 as the scan
+ * does (VMAXNM would skip it), any other NaN is skipped by both. */
+uint32_t ple_argmax(const float *v, uint32_t n) {
+#if PLE_IKERNEL == PLE_KERNEL_HELIUM && (__ARM_FEATURE_MVE & 2)
+    if (!(v[0] == v[0])) return 0;
+    float32x4_t m = vdupq_n_f32(v[0]);
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4) m = vmaxnmq_f32(m, vld1q_f32(v + i));
+    float best = vmaxnmvq_f32(v[0], m);
+    for (; i < n; i++) best = v[i] > best ? v[i] : best;
+    for (i = 0; i + 4 <= n; i += 4)
+        if (vcmpeqq_n_f32(vld1q_f32(v + i), best)) break;
+    for (; i < n && !(v[i] == best); i++) continue;
+    return i < n ? i : 0;
+#else
+    float mx[8], best;
+    uint32_t i = 0;
+    for (int l = 0; l < 8; l++) mx[l] = v[0];
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) mx[l] = v[i + l] > mx[l] ? v[i + l] : mx[l];
+    best = mx[0];
+    for (int l = 1; l < 8; l++) best = mx[l] > best ? mx[l] : best;
+    for (; i < n; i++) best = v[i] > best ? v[i] : best;
+    for (i = 0; i < n && !(v[i] == best); i++) continue;
+    return i < n ? i : 0;
+#endif
 }

@@ -108,9 +108,16 @@ void ple_kact_prepare(ple_kact *a, int dtype);
  * times a.q[0..n), times the scales: the float dot product. */
 float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint64_t e0, uint32_t n,
                const ple_kact *a);
+/* out[r - r0] = ple_kdot of row r of a dense (rows x cols) matrix stored as one vector, for r in [r0, r1): the
+ * same result, without a division per row. */
+void ple_kdot_dense(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint32_t r0,
+                    uint32_t r1, uint32_t cols, const ple_kact *a);
 /* out[r] = ple_kdot of `rows` vectors of n <= group values each (one scale), the r-th at codes + r * stride with its
- * scale at scales + r * stride: a tied head's records, without the per-row group walk. n <= PLE_KCHUNK. */
+ * scale at scales + r * stride: a tied head's records, without the per-row group walk. */
 void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
                    uint32_t n, const ple_kact *a);
+/* out[k] = ple_kdot_rows' result for row idx[k], k < count (the greedy head's blocks of sorted rows). */
+void ple_kdot_pick(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride,
+                   const uint32_t *idx, uint32_t count, uint32_t n, const ple_kact *a);
 
 #endif

@@ -31,6 +31,7 @@
 #define ALIGN 64
 #define N_SCRATCH 22 /* float buffers of maxdim values in the arena (ple_open's bufs) */
 #define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
+#define KROWS 256 /* rows an integer product hands its kernel at once (and a thread's share at least) */
 #define HEAD_BLOCK 16 /* head rows the greedy head skip decides on at once (ple_forward_greedy) */
 
 typedef struct {
@@ -63,7 +64,11 @@ struct ple_model {
     const ple_part *ple_p, *embed_in_ple, *embed_p;
     int head_tier, ple_tier, embed_tier, kv_tier;
     uint8_t *arena_raw, *arena, *rec_ple, *rec_embed;
+    uint8_t *cursor[PLE_MAX_TIERS]; /* next free byte of each tier's region (of the one arena: cursor[0]) */
+    int work_tier;                  /* where the working buffers are */
     uint64_t arena_bytes, weight_bytes, kv_bytes, peak;
+    uint64_t placed[PLE_MAX_TIERS], tier_arena[PLE_MAX_TIERS]; /* see ple_tier_use */
+    uint64_t kv_arena;       /* arena bytes of the KV cache (its parts 64-byte aligned) */
     float *kcache, *vcache;  /* float KV cache: [layer][kv head][position][head_dim] */
     int8_t *kq, *vq;         /* int8 KV cache (opt.int8_kv): codes as kcache's values ... */
     float *ks, *vs;          /* ... and one scale per [layer][kv head][position] */
@@ -501,15 +506,29 @@ static void mv(ple_model *m, float *out, const qmat *w) {
         if (!m->a_quant) ple_kact_quantize(&m->ka, m->ax, m->an);
         m->a_quant = 1;
         ple_kact_prepare(&m->ka, w->dtype);
-        long rows = (long)w->rows;
+        const ple_kact *a = &m->ka;
+        /* blocks of rows (the threads' shares with OpenMP): the dense and tied-head kernels walk rows without a
+         * division or pointer computation per row; a paged table goes row by row */
+        long rows = (long)w->rows, blocks = (rows + KROWS - 1) / KROWS;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if ((uint64_t)w->rows * w->cols >= PAR_MIN_WORK)
 #endif
-        for (long r = 0; r < rows; r++) {
-            const uint8_t *c, *sc;
-            uint64_t e0;
-            row_ptrs(w, (uint32_t)r, &c, &sc, &e0);
-            out[r] = ple_kdot(w->dtype, c, sc, w->group, e0, w->cols, &m->ka);
+        for (long b = 0; b < blocks; b++) {
+            uint32_t r0 = (uint32_t)(b * KROWS), r1 = r0 + KROWS < w->rows ? r0 + KROWS : w->rows;
+            if (!w->table) {
+                ple_kdot_dense(out + r0, w->dtype, w->codes, w->scales, w->group, r0, r1, w->cols, a);
+            } else if (!w->table->page && w->cols <= w->group) {
+                size_t stride = w->table->stride;
+                ple_kdot_rows(out + r0, w->dtype, w->codes + r0 * stride, w->scales + r0 * stride, stride, r1 - r0,
+                              w->cols, a);
+            } else {
+                for (uint32_t r = r0; r < r1; r++) {
+                    const uint8_t *c, *sc;
+                    uint64_t e0;
+                    row_ptrs(w, r, &c, &sc, &e0);
+                    out[r] = ple_kdot(w->dtype, c, sc, w->group, e0, w->cols, a);
+                }
+            }
         }
         return;
     }
@@ -811,15 +830,28 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
             }
         }
         free(idx);
-        if (first) {
-            int rc = ple_fail(err, "the model does not fit %s: %s and %llu more bytes of weights + KV cache find no room "
-                               "in RAM (see plelab plan)", dev->name, first, (unsigned long long)missing);
+        if (first) { /* one line: what RAM the model needs, what the device has, what did not go in */
+            uint64_t need_ram = 0, ram = 0;
+            char tiers[160] = "";
+            for (uint32_t k = 0; k < count; k++) need_ram += its[k].resident ? its[k].stored : 0;
+            for (int t = 0, k = 0; t < dev->n_tiers; t++)
+                if (!dev->tiers[t].storage) {
+                    ram += dev->tiers[t].capacity;
+                    if (k < (int)sizeof tiers)
+                        k += snprintf(tiers + k, sizeof tiers - (size_t)k, "%s%s %llu", k ? " + " : "",
+                                      dev->tiers[t].name, (unsigned long long)dev->tiers[t].capacity);
+                }
+            int rc = ple_fail(err, "the model does not fit %s: weights + KV cache need %llu bytes of RAM, %llu available "
+                              "(%s); %s and %llu more bytes find no room (see plelab plan)", dev->name,
+                              (unsigned long long)need_ram, (unsigned long long)ram, tiers, first,
+                              (unsigned long long)missing);
             free(its);
             return rc;
         }
     }
     for (uint32_t i = 0, t = 0; i < count; i++) {
         const item *it = &its[i];
+        if (it->resident) m->placed[it->tier] += it->stored;
         if (t < d->n_tensors && !strcmp(it->name, d->tensors[t].name)) m->tensor_tier[t++] = it->tier;
         if (!strcmp(it->name, "table:ple")) m->ple_tier = it->tier;
         else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
@@ -865,6 +897,81 @@ const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row) {
     return buf;
 }
 
+/* Bytes of the working buffers: scratch vectors, logits, record buffers (always in one piece). */
+static uint64_t work_bytes(const ple_model *m) {
+    const ple_desc *d = &m->d;
+    uint64_t n = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab) +
+                 (m->opt.int8_act ? up64(ple_kact_bytes(m->maxdim)) : 0) +
+                 (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
+    if (m->opt.head_skip) /* the head's mean row, block keys, row order */
+        n += up64(4 * (uint64_t)d->hidden) + up64(4 * (((uint64_t)d->vocab + HEAD_BLOCK - 1) / HEAD_BLOCK)) +
+             up64(4 * (uint64_t)d->vocab);
+    return n;
+}
+
+/* The next `n` bytes (64-byte aligned) of tier t's memory: its region, or the one malloc'ed arena. */
+static uint8_t *carve(ple_model *m, int t, uint64_t n) {
+    uint8_t *p = m->cursor[m->opt.regions ? t : 0];
+    m->cursor[m->opt.regions ? t : 0] += up64(n);
+    m->tier_arena[t] += up64(n);
+    return p;
+}
+
+/* Size the arena per tier (with regions: check each against its region) and point the cursors at it. */
+static int make_arena(ple_model *m, int map, int tied, char *err) {
+    const ple_desc *d = &m->d;
+    uint64_t need[PLE_MAX_TIERS] = {0};
+    if (!map) {
+        for (uint32_t i = 0; i < d->n_tensors; i++)
+            need[m->tensor_tier[i]] += up64(d->tensors[i].codes_bytes) + up64(d->tensors[i].scales_bytes);
+        if (tied) need[m->embed_tier] += up64(m->embed_t->section->nbytes);
+    }
+    need[m->kv_tier] += m->kv_arena;
+    uint64_t work = work_bytes(m), total = work;
+    for (int t = 0; t < m->n_tiers; t++) total += need[t];
+    m->arena_bytes = total;
+    const ple_region *reg = m->opt.regions;
+    if (!reg) {
+        if ((m->opt.max_arena && total > m->opt.max_arena) || total > ((uint64_t)1 << 40) ||
+            (uint64_t)(size_t)(total + ALIGN) != total + ALIGN)
+            return ple_fail(err, "the model needs an arena of %llu bytes, %llu available", (unsigned long long)total,
+                            (unsigned long long)(m->opt.max_arena ? m->opt.max_arena : (uint64_t)SIZE_MAX));
+        m->work_tier = m->kv_tier;
+        m->arena_raw = calloc(1, (size_t)(total + ALIGN));
+        if (!m->arena_raw)
+            return ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)total);
+        m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
+        advise_huge(m->arena_raw, (size_t)(total + ALIGN));
+        m->cursor[0] = m->arena;
+        return 0;
+    }
+    uint64_t avail[PLE_MAX_TIERS] = {0};
+    for (int t = 0; t < m->n_tiers; t++) {
+        uint64_t skip = (ALIGN - (uintptr_t)reg[t].base % ALIGN) % ALIGN;
+        avail[t] = m->tiers[t].storage || reg[t].bytes < skip ? 0 : reg[t].bytes - skip;
+        m->cursor[t] = (uint8_t *)reg[t].base + skip;
+    }
+    for (int t = 0; t < m->n_tiers; t++)
+        if (need[t] > avail[t])
+            return ple_fail(err, "the model needs %llu bytes of %s (weights + KV cache %llu, alignment %llu), "
+                            "the %s region has %llu", (unsigned long long)need[t], m->tiers[t].name,
+                            (unsigned long long)m->placed[t], (unsigned long long)(need[t] - m->placed[t]),
+                            m->tiers[t].name, (unsigned long long)avail[t]);
+    m->work_tier = -1;
+    for (int t = 0; t < m->n_tiers && m->work_tier < 0; t++)
+        if (!m->tiers[t].storage && need[t] + work <= avail[t]) m->work_tier = t;
+    if (m->work_tier < 0) {
+        char free_list[160] = "";
+        for (int t = 0, k = 0; t < m->n_tiers; t++)
+            if (!m->tiers[t].storage && k < (int)sizeof free_list)
+                k += snprintf(free_list + k, sizeof free_list - (size_t)k, "%s%s %llu", k ? ", " : "", m->tiers[t].name,
+                              (unsigned long long)(avail[t] - need[t]));
+        return ple_fail(err, "the model needs %llu bytes of working buffers in one region, free: %s",
+                        (unsigned long long)work, free_list);
+    }
+    return 0;
+}
+
 int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err) {
     *out = NULL;
     ple_model *m = calloc(1, sizeof *m);
@@ -879,7 +986,11 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     const ple_desc *d = &m->d;
     if (opt->verify && ple_verify(st, d, opt->verify > 1, err)) goto fail;
     if (check_tables(m, err)) goto fail;
-    /* arena: weights that are not mapped, KV cache, scratch, record buffers */
+    if (opt->regions && !opt->device) {
+        ple_fail(err, "memory regions need a device profile (its tiers say which region is which)");
+        goto fail;
+    }
+    /* arena: weights that are not mapped, KV cache, scratch, record buffers, each in its placed tier */
     int map = opt->map_weights && st->map(st, 0, 1) != NULL;
     const ple_section *ts = ple_find_section(d, "tensors");
     uint64_t weights = 0;
@@ -887,23 +998,15 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     int tied = (d->flags & PLE_TIE) != 0;
     if (tied) weights += m->embed_t->section->nbytes;
     m->weight_bytes = weights;
-    uint64_t weight_arena = 0;
-    if (!map) {
-        for (uint32_t i = 0; i < d->n_tensors; i++)
-            weight_arena += up64(d->tensors[i].codes_bytes) + up64(d->tensors[i].scales_bytes);
-        if (tied) weight_arena += up64(m->embed_t->section->nbytes);
-    }
     uint64_t kv_vectors = (uint64_t)d->layers * d->kv_heads * d->max_seq, kv_values = kv_vectors * d->head_dim;
     m->kv_bytes = opt->int8_kv ? 2 * (kv_values + 4 * kv_vectors) : 2 * kv_values * 4;
     m->kv_pos_bytes = 2.0 * d->layers * d->kv_heads * (opt->int8_kv ? d->head_dim + 4.0 : 4.0 * d->head_dim);
-    uint64_t kv_arena = opt->int8_kv ? 2 * (up64(kv_values) + up64(4 * kv_vectors)) : up64(m->kv_bytes);
+    m->kv_arena = opt->int8_kv ? 2 * (up64(kv_values) + up64(4 * kv_vectors)) : up64(m->kv_bytes);
     uint32_t dims[] = {d->hidden, d->heads * d->head_dim, d->inter, d->rank, d->n_ple_layers * d->ple_dim,
                        d->max_seq, d->experts, 2};
     m->maxdim = 0;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > m->maxdim) m->maxdim = dims[i];
-    uint64_t scratch = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab) +
-                       (opt->int8_act ? up64(ple_kact_bytes(m->maxdim)) : 0);
     if (opt->head_skip) {
         const ple_tensor *lm = find_tensor(d, "lm_head.weight");
         int head_dtype = tied ? m->embed_p->dtype : lm ? lm->dtype : -1;
@@ -911,27 +1014,17 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
             ple_fail(err, "the greedy head skip needs int8 activations and an int8 or int4 head");
             goto fail;
         }
-        scratch += up64(4 * (uint64_t)d->hidden) + up64(4 * (((uint64_t)d->vocab + HEAD_BLOCK - 1) / HEAD_BLOCK)) +
-                   up64(4 * (uint64_t)d->vocab);
-    }
-    uint64_t recs = (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
-    m->arena_bytes = weight_arena + kv_arena + scratch + recs;
-    if ((opt->max_arena && m->arena_bytes > opt->max_arena) || m->arena_bytes > ((uint64_t)1 << 40) || (uint64_t)(size_t)(m->arena_bytes + ALIGN) != m->arena_bytes + ALIGN) {
-        ple_fail(err, "the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
-        goto fail;
     }
     m->L = calloc(d->layers, sizeof(layer_w));
     m->expert_mats = calloc((size_t)d->layers * 3 * d->experts + 1, sizeof(qmat));
     m->tensor_tier = calloc((size_t)d->n_tensors + 1, sizeof(int));
-    pl = calloc(d->n_tensors, sizeof(placed));
-    m->arena_raw = calloc(1, (size_t)(m->arena_bytes + ALIGN));
-    if (!m->L || !m->expert_mats || !m->tensor_tier || !pl || !m->arena_raw) {
-        ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
+    pl = calloc(d->n_tensors + 1, sizeof(placed));
+    if (!m->L || !m->expert_mats || !m->tensor_tier || !pl) {
+        ple_fail(err, "out of memory for the model description (%" PRIu32 " layers, %" PRIu32 " tensors)", d->layers,
+                 d->n_tensors);
         goto fail;
     }
-    m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
-    advise_huge(m->arena_raw, (size_t)(m->arena_bytes + ALIGN));
-    uint8_t *p = m->arena;
+    if (place(m, m->kv_bytes, err) || make_arena(m, map, tied, err)) goto fail;
     /* the storage's "call for dense tensors": each tensor's codes and scales, mapped or copied in */
     for (uint32_t i = 0; i < d->n_tensors; i++) {
         const ple_tensor *t = &d->tensors[i];
@@ -940,12 +1033,12 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
             pl[i].codes = st->map(st, base + t->codes, (size_t)t->codes_bytes);
             pl[i].scales = st->map(st, base + t->scales, (size_t)t->scales_bytes);
         } else {
-            pl[i].codes = p;
-            if (st->read(st, base + t->codes, p, (size_t)t->codes_bytes)) goto read_error;
-            p += up64(t->codes_bytes);
-            pl[i].scales = p;
-            if (st->read(st, base + t->scales, p, (size_t)t->scales_bytes)) goto read_error;
-            p += up64(t->scales_bytes);
+            uint8_t *c = carve(m, m->tensor_tier[i], t->codes_bytes), *s = carve(m, m->tensor_tier[i], t->scales_bytes);
+            if (st->read(st, base + t->codes, c, (size_t)t->codes_bytes) ||
+                st->read(st, base + t->scales, s, (size_t)t->scales_bytes))
+                goto read_error;
+            pl[i].codes = c;
+            pl[i].scales = s;
         }
         if (!pl[i].codes || !pl[i].scales) goto read_error;
     }
@@ -955,9 +1048,9 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         if (map) {
             rows = st->map(st, es->offset, (size_t)es->nbytes);
         } else {
+            uint8_t *p = carve(m, m->embed_tier, es->nbytes);
             if (st->read(st, es->offset, p, (size_t)es->nbytes)) goto read_error;
             rows = p;
-            p += up64(es->nbytes);
         }
         if (!rows) goto read_error;
         m->head = (qmat){m->embed_p->dtype, m->embed_p->group, d->vocab, d->hidden, rows + m->embed_p->codes,
@@ -968,16 +1061,17 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         }
     }
     if (bind_layers(m, pl, err)) goto fail;
+    uint8_t *kv = carve(m, m->kv_tier, m->kv_arena);
     if (opt->int8_kv) {
-        m->kq = (int8_t *)p;
-        m->vq = (int8_t *)p + up64(kv_values);
-        m->ks = (float *)(void *)(p + 2 * up64(kv_values));
+        m->kq = (int8_t *)kv;
+        m->vq = (int8_t *)kv + up64(kv_values);
+        m->ks = (float *)(void *)(kv + 2 * up64(kv_values));
         m->vs = m->ks + up64(4 * kv_vectors) / 4;
     } else {
-        m->kcache = (float *)(void *)p;
+        m->kcache = (float *)(void *)kv;
         m->vcache = m->kcache + kv_values;
     }
-    p += kv_arena;
+    uint8_t *p = carve(m, m->work_tier, work_bytes(m));
     float **bufs[] = {&m->x, &m->xn, &m->y, &m->q, &m->k, &m->v, &m->att, &m->h1, &m->h2, &m->h3,
                       &m->lr, &m->raw, &m->pin, &m->ctx, &m->g, &m->t, &m->wv, &m->row, &m->xe, &m->xo,
                       &m->probs, &m->acc};
@@ -1004,16 +1098,12 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         m->rec_ple = p;
         p += up64(m->ple_t->record_bytes);
     }
-    if (m->embed_t) {
-        m->rec_embed = p;
-        p += up64(m->embed_t->record_bytes);
-    }
-    if (place(m, m->kv_bytes, err)) goto fail;
+    if (m->embed_t) m->rec_embed = p;
     if (opt->head_skip) head_index(m);
     free(pl);
-    m->peak = m->arena_bytes + ALIGN + sizeof *m + d->layers * sizeof(layer_w) + d->n_tensors * sizeof(ple_tensor) +
-              (d->n_ple_layers + 1) * sizeof(uint32_t) + ((uint64_t)d->layers * 3 * d->experts + 1) * sizeof(qmat) +
-              (d->n_tensors + 1) * sizeof(int);
+    m->peak = (opt->regions ? 0 : m->arena_bytes + ALIGN) + sizeof *m + d->layers * sizeof(layer_w) +
+              d->n_tensors * sizeof(ple_tensor) + (d->n_ple_layers + 1) * sizeof(uint32_t) +
+              ((uint64_t)d->layers * 3 * d->experts + 1) * sizeof(qmat) + (d->n_tensors + 1) * sizeof(int);
     *out = m;
     return 0;
 read_error:
@@ -1304,19 +1394,6 @@ const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos) {
     return m->logits;
 }
 
-uint32_t ple_argmax(const float *v, uint32_t n) {
-    float mx[8], best;
-    uint32_t i = 0;
-    for (int l = 0; l < 8; l++) mx[l] = v[0];
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) mx[l] = v[i + l] > mx[l] ? v[i + l] : mx[l];
-    best = mx[0];
-    for (int l = 1; l < 8; l++) best = mx[l] > best ? mx[l] : best;
-    for (; i < n; i++) best = v[i] > best ? v[i] : best;
-    for (i = 0; i < n && !(v[i] == best); i++) continue;
-    return i < n ? i : 0;
-}
-
 /* ---- the greedy head: only the rows that can still win -------------------------------------------------
  * Every head row w_r is w_r = mu + (w_r - mu) for mu, the mean row (stored), so for the activation x (its int8
  * codes times their scale, exactly what the products see) w_r . x <= mu . x + |w_r - mu| |x|. Rows are visited in
@@ -1400,18 +1477,28 @@ static uint32_t head_argmax(ple_model *m) {
     }
     float nx = sqrtf((float)sq) * a->scale, mux = mx * a->scale, best = -INFINITY;
     uint32_t best_id = 0, V = w->rows, done = 0;
+    int records = w->table && !w->table->page && w->cols <= w->group; /* the tied head: one kernel call a block */
     for (uint32_t b = 0; b * HEAD_BLOCK < V; b++) {
         if (mux + m->head_key[b] * nx < best) break; /* sorted: no later block can win either */
-        for (uint32_t k = b * HEAD_BLOCK; k < V && k < (b + 1) * HEAD_BLOCK; k++) {
-            uint32_t r = m->head_perm[k];
-            const uint8_t *c, *sc;
-            uint64_t e0;
-            row_ptrs(w, r, &c, &sc, &e0);
-            float v = ple_kdot(w->dtype, c, sc, w->group, e0, w->cols, a);
-            m->logits[r] = v;
-            if (v > best || (v == best && r < best_id)) best = v, best_id = r;
-            done++;
+        const uint32_t *rows = m->head_perm + b * HEAD_BLOCK;
+        uint32_t count = V - b * HEAD_BLOCK < HEAD_BLOCK ? V - b * HEAD_BLOCK : HEAD_BLOCK;
+        float v[HEAD_BLOCK];
+        if (records) {
+            ple_kdot_pick(v, w->dtype, w->codes, w->scales, w->table->stride, rows, count, w->cols, a);
+        } else {
+            for (uint32_t k = 0; k < count; k++) {
+                const uint8_t *c, *sc;
+                uint64_t e0;
+                row_ptrs(w, rows[k], &c, &sc, &e0);
+                v[k] = ple_kdot(w->dtype, c, sc, w->group, e0, w->cols, a);
+            }
         }
+        for (uint32_t k = 0; k < count; k++) {
+            uint32_t r = rows[k];
+            m->logits[r] = v[k];
+            if (v[k] > best || (v[k] == best && r < best_id)) best = v[k], best_id = r;
+        }
+        done += count;
     }
     m->head_rows += done;
     m->head_total += V;
@@ -1439,6 +1526,22 @@ uint64_t ple_model_arena_bytes(const ple_model *m) { return m->arena_bytes; }
 uint64_t ple_model_weight_bytes(const ple_model *m) { return m->weight_bytes; }
 uint64_t ple_model_kv_bytes(const ple_model *m) { return m->kv_bytes; }
 uint64_t ple_model_peak_bytes(const ple_model *m) { return m->peak; }
+
+int ple_model_tier_use(const ple_model *m, ple_tier_use *out, int max) {
+    int n = 0;
+    for (int t = 0; t < m->n_tiers; t++) {
+        if (m->tiers[t].storage) continue;
+        if (n < max) {
+            ple_tier_use *u = &out[n];
+            snprintf(u->tier, sizeof u->tier, "%s", m->tiers[t].name);
+            u->placed = m->placed[t];
+            u->arena = m->tier_arena[t];
+            u->available = m->opt.regions ? m->opt.regions[t].bytes : m->tiers[t].capacity;
+        }
+        n++;
+    }
+    return n;
+}
 
 int ple_model_traffic(const ple_model *m, ple_traffic *out, int max, uint64_t *tokens) {
     for (int i = 0; i < m->n_tiers && i < max; i++) {

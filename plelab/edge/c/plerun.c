@@ -226,6 +226,13 @@ int main(int argc, char **argv) {
         for (int i = 0; i < nt; i++)
             printf("%s\"%s\": {\"bytes_per_token\": %.6f, \"reads_per_token\": %.6f}", i ? ", " : "", tr[i].tier,
                    tr[i].bytes / per, tr[i].reads / per);
+        ple_tier_use use[PLE_MAX_TIERS];
+        int nu = ple_model_tier_use(m, use, PLE_MAX_TIERS);
+        printf("}, \"tiers\": {");
+        for (int i = 0; i < nu && i < PLE_MAX_TIERS; i++)
+            printf("%s\"%s\": {\"placed\": %llu, \"arena\": %llu, \"available\": %llu}", i ? ", " : "", use[i].tier,
+                   (unsigned long long)use[i].placed, (unsigned long long)use[i].arena,
+                   (unsigned long long)use[i].available);
         printf("}, \"device\": %s%s%s, \"peak_ram_bytes\": %llu, \"arena_bytes\": %llu, \"weight_bytes\": %llu, "
                "\"kv_cache_bytes\": %llu, \"head_rows_computed\": %llu, \"head_rows\": %llu}\n",
                device_arg ? "\"" : "", device_arg ? dev.name : "null", device_arg ? "\"" : "", (unsigned long long)peak,
