@@ -167,6 +167,25 @@ def test_int8_kv_traffic_and_memory_equal_the_planner(export_tmp):
     assert r["kv_cache_bytes"] == 2 * m["num_layers"] * d["kv_heads"] * m["max_seq_len"] * (d["head_dim"] + 4)
 
 
+def test_placement_equals_the_planner_when_sram_overflows(export_tmp):
+    """Weights larger than the esp32-s3 profile's SRAM: some tensors must go to PSRAM, in the planner's order.
+
+    (The C placement once left every tensor in the first tier without counting it: equal to the planner only
+    while everything fit.)"""
+    binary = c_engine.build(cflags="-O2")
+    path = export_tmp(lively_model("hidden_size=128", "num_heads=4", "num_kv_heads=4", "vocab_size=4096"),
+                      quant="int4", group=32)
+    with PleFile(path, verify="none") as f:
+        layout = f.layout
+    for kv in ("fp32", "int8"):
+        want = plan(layout, get_device("esp32-s3"), context=4, kv_dtype=kv)
+        in_psram = [n for n, tier in want["placement"].items() if tier == "psram" and n != "kv_cache"]
+        assert want["fits"] and len(in_psram) > 10, in_psram
+        r = run_plerun(binary, path, "--kv", kv, "--device", "esp32-s3", ids=[1], steps=7)
+        for tier, t in r["traffic"].items():
+            assert t["bytes_per_token"] == pytest.approx(want["bytes_per_token"][tier], rel=1e-9), (kv, tier)
+
+
 def test_the_numpy_engine_counts_int8_kv_traffic_as_the_planner(export_tmp):
     path = export_tmp(lively_model(), quant="int8", group=32)
     with PleFile(path, verify="none") as f:

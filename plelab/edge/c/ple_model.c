@@ -768,6 +768,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         it->stored = it->per_token = t->codes_bytes + t->scales_bytes;
         it->reads = 1;
         it->resident = 1;
+        it->tier = -1; /* unplaced (calloc's 0 would read as the first tier, skipping its capacity check) */
         it->density = 1.0;
         if (strstr(t->name, ".mlp.experts.")) { /* tallied per routed token; placed by top_k / E like plan.py */
             it->per_token = it->reads = 0;
