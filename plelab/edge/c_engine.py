@@ -22,8 +22,9 @@ from plelab.errors import PlelabError
 
 C_DIR = Path(__file__).with_name("c")
 LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_kernels.c")
-HEADERS = ("ple.h", "ple_kernels.h", "devices.inc", "ple_mutate.h")
-PROGRAMS = {"plerun": "plerun.c", "plefuzz": "plefuzz.c"}
+HEADERS = ("ple.h", "ple_kernels.h", "ple_kcheck.h", "devices.inc", "ple_mutate.h")
+# program -> its sources besides LIBRARY (plektest: the integer kernels' self-check, ple_kcheck.h)
+PROGRAMS = {"plerun": ("plerun.c",), "plefuzz": ("plefuzz.c",), "plektest": ("plektest.c", "ple_kcheck.c")}
 # fp-contract: let a * b + c become one fused multiply-add (C99 mode turns it off; +40% int4 tok/s here)
 BASE_FLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Wall -Wextra -ffp-contract=fast"
 SANITIZE = "-O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
@@ -48,7 +49,7 @@ def _cache_root() -> Path:
 
 def _key(program: str, cc: str, flags: list[str]) -> str:
     h = hashlib.sha256()
-    for name in (*LIBRARY, *HEADERS, PROGRAMS[program]):
+    for name in (*LIBRARY, *HEADERS, *PROGRAMS[program]):
         h.update(name.encode() + b"\0" + (C_DIR / name).read_bytes())
     version = subprocess.run([*shlex.split(cc), "--version"], capture_output=True, text=True).stdout
     h.update("\0".join([program, cc, version, *flags]).encode())
@@ -62,7 +63,7 @@ def compile_flags(cflags: str = "-O3 -march=native", openmp: bool = False, sanit
 
 def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: bool = False,
           program: str = "plerun") -> Path:
-    """Compile `program` (plerun or plefuzz) if its cached binary is missing; returns the binary's path."""
+    """Compile `program` (plerun, plefuzz or plektest) if its cached binary is missing; returns the binary's path."""
     cc = compiler()
     flags = compile_flags(cflags, openmp, sanitize)
     out_dir = _cache_root() / _key(program, cc, flags)
@@ -72,7 +73,7 @@ def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: boo
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{program}.")
     os.close(fd)
-    sources = [str(C_DIR / s) for s in (*LIBRARY, PROGRAMS[program])]
+    sources = [str(C_DIR / s) for s in (*LIBRARY, *PROGRAMS[program])]
     cmd = [*shlex.split(cc), *flags, "-I", str(C_DIR), *sources, "-o", tmp, "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -20,7 +20,7 @@ import bench_mcu  # noqa: E402
 def test_quick_run_counts_instructions_per_path_and_kernel(capsys):
     r = bench_mcu.main(["--quick", "--board", "mps3-an547", "--kernel", "portable", "--steps", "4"])
     runs = r["boards"]["mps3-an547"]["runs"]
-    assert set(runs) == {"fp32", "int8/portable", "int8_head_skip/portable"}
+    assert set(runs) == {"fp32/portable", "fp32/vector", "int8/portable", "int8_head_skip/portable"}
     params = r["model"]["active_parameters"]
     assert params["total"] == params["dense_tensors"] + params["tied_head"] == params["dense_tensors"] + 4096 * 64
     for run in runs.values():

@@ -23,6 +23,14 @@ int ple_fail(char *err, const char *fmt, ...)
 #endif
     ;
 
+/* Matrix-vector kernels, chosen at compile time with -DPLE_KERNEL=PLE_KERNEL_...: PORTABLE is plain C99 loops,
+ * VECTOR the GCC / clang vector extensions (the default with those compilers, plain loops elsewhere), DSP the
+ * Armv7E-M DSP instructions (Cortex-M4 / M7), HELIUM Armv8.1-M MVE (Cortex-M55). */
+#define PLE_KERNEL_PORTABLE 1
+#define PLE_KERNEL_VECTOR 2
+#define PLE_KERNEL_DSP 3
+#define PLE_KERNEL_HELIUM 4
+
 enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
 enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK, PLE_MOE };
 enum { PLE_GATE_INPUT, PLE_GATE_SCALAR, PLE_GATE_VECTOR };

@@ -11,11 +11,9 @@
 
 #include <string.h>
 
-#include "ple.h"
-
-#if defined(PLE_KERNEL_DSP)
+#if PLE_IKERNEL == PLE_KERNEL_DSP
 #include <arm_acle.h>
-#elif defined(PLE_KERNEL_MVE)
+#elif PLE_IKERNEL == PLE_KERNEL_HELIUM
 #include <arm_mve.h>
 #endif
 
@@ -23,9 +21,9 @@
 
 static inline int nib4(uint8_t b, int high) { return ((high ? b >> 4 : b & 15) ^ 8) - 8; }
 
-/* ---- portable C: the reference every other kernel must equal ------------------------------------------- */
+/* ---- portable C (for PORTABLE and VECTOR alike): the reference every other kernel must equal -------------- */
 
-#if defined(PLE_KERNEL_PORTABLE)
+#if PLE_IKERNEL == PLE_KERNEL_PORTABLE || PLE_IKERNEL == PLE_KERNEL_VECTOR
 #define ALIGN_I4 2 /* activation index of a run's first value: a multiple of this */
 #define ALIGN_I8 1
 
@@ -54,23 +52,11 @@ static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t
  * layout pairs the codes those lanes meet: per 8 values, (x0, x4) (x2, x6) (x1, x5) (x3, x7). The sum is exact and
  * a multiple of 16. int8: SXTB16 of a word gives (w0, w2), ROR 8 gives (w1, w3); layout per 4 values (x0, x2)
  * (x1, x3). */
-#if defined(PLE_KERNEL_DSP)
+#if PLE_IKERNEL == PLE_KERNEL_DSP
 #define ALIGN_I4 8
 #define ALIGN_I8 4
 
 static inline uint32_t pair16(int8_t lo, int8_t hi) { return (uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16; }
-
-static inline uint32_t sxtb16_ror8(uint32_t v) {
-    uint32_t r;
-    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(v));
-    return r;
-}
-
-static inline uint32_t load32(const void *p) {
-    uint32_t v;
-    memcpy(&v, p, 4); /* an unaligned LDR: Armv7-M allows it for normal memory */
-    return v;
-}
 
 /* Layouts at a->lay: int4 words for PAD16(cap) values, then int8 words for PAD16(cap) values. */
 static void kact_layout(ple_kact *a, int dtype) {
@@ -92,68 +78,82 @@ static void kact_layout(ple_kact *a, int dtype) {
     }
 }
 
-/* (w << 4) & mask in one instruction (AND with a shifted register; GCC would spend a shift on it). */
-static inline uint32_t and_lsl4(uint32_t mask, uint32_t w) {
-    uint32_t r;
-    __asm__("and %0, %1, %2, lsl #4" : "=r"(r) : "r"(mask), "r"(w));
-    return r;
-}
-
-/* Four layout words at x (8-byte aligned: the layouts start 16-byte aligned, runs at multiples of 8 values):
- * two LDRDs. */
-static inline void load4(const uint32_t *x, uint32_t *v) {
-    const uint64_t *p = (const uint64_t *)(const void *)x;
-    uint64_t a = p[0], b = p[1];
-    v[0] = (uint32_t)a, v[1] = (uint32_t)(a >> 32), v[2] = (uint32_t)b, v[3] = (uint32_t)(b >> 32);
-}
+/* The loops are written in assembly: GCC 12 loads the four activation words one LDR each, spends a shift on every
+ * (w << 4) & mask and a move or two on loop bookkeeping; here one LDM takes the four words (fixed registers r4 r5
+ * r6 r8: an LDM list ascends; r7 is Thumb's frame pointer) and AND takes the shifted operand: 13 instructions per
+ * eight int4 values, of which eight are the SXTB16 / SMLAD pairs themselves. Weight words may be unaligned (LDR
+ * allows it on Armv7-M); the layout words are 16-byte aligned. */
+/* One int4 word: load it, split its nibbles (hi reuses the word's register), four SXTB16 / SMLAD pairs. */
+#define DSP_I4_WORD                                                                                                \
+    "ldr %[w], [%[wb]], #4\n\t"                                                                                  \
+    "and %[lo], %[mask], %[w], lsl #4\n\t"                                                                       \
+    "and %[w], %[w], %[mask]\n\t"                                                                                \
+    "ldmia %[x]!, {r4, r5, r6, r8}\n\t"                                                                          \
+    "sxtb16 %[t], %[lo]\n\t"                                                                                     \
+    "smlad %[acc], %[t], r4, %[acc]\n\t"                                                                         \
+    "sxtb16 %[t], %[lo], ror #8\n\t"                                                                             \
+    "smlad %[acc], %[t], r5, %[acc]\n\t"                                                                         \
+    "sxtb16 %[t], %[w]\n\t"                                                                                      \
+    "smlad %[acc], %[t], r6, %[acc]\n\t"                                                                         \
+    "sxtb16 %[t], %[w], ror #8\n\t"                                                                              \
+    "smlad %[acc], %[t], r8, %[acc]\n\t"
 
 static int32_t kseg_i4(const uint8_t *wb, const ple_kact *a, uint32_t x0, uint32_t n) {
     const uint32_t *x = (const uint32_t *)a->lay + x0 / 2;
-    const uint32_t mask = 0xF0F0F0F0u;
-    int32_t acc = 0, acc2 = 0;
-    uint32_t k = 0, v[4], u[4];
-    for (; k + 16 <= n; k += 16, wb += 8, x += 8) { /* two words a pass: two independent accumulators */
-        uint32_t w = load32(wb), w2 = load32(wb + 4);
-        uint32_t lo = and_lsl4(mask, w), hi = w & mask, lo2 = and_lsl4(mask, w2), hi2 = w2 & mask;
-        load4(x, v);
-        load4(x + 4, u);
-        acc = __smlad(__sxtb16(lo), v[0], acc);
-        acc2 = __smlad(__sxtb16(lo2), u[0], acc2);
-        acc = __smlad(sxtb16_ror8(lo), v[1], acc);
-        acc2 = __smlad(sxtb16_ror8(lo2), u[1], acc2);
-        acc = __smlad(__sxtb16(hi), v[2], acc);
-        acc2 = __smlad(__sxtb16(hi2), u[2], acc2);
-        acc = __smlad(sxtb16_ror8(hi), v[3], acc);
-        acc2 = __smlad(sxtb16_ror8(hi2), u[3], acc2);
+    uint32_t words = n / 8, w, lo, t;
+    int32_t acc = 0;
+    if (words) {
+        register uint32_t r4 __asm__("r4"), r5 __asm__("r5"), r6 __asm__("r6"), r8 __asm__("r8");
+        __asm__ volatile("tst %[n], #1\n\t"
+                         "beq 2f\n\t" DSP_I4_WORD /* an odd word first, then two a pass */
+                         "2:\n\t"
+                         "lsrs %[n], %[n], #1\n\t"
+                         "beq 3f\n\t"
+                         "1:\n\t" DSP_I4_WORD DSP_I4_WORD
+                         "subs %[n], %[n], #1\n\t"
+                         "bne 1b\n\t"
+                         "3:\n\t"
+                         : [acc] "+r"(acc), [wb] "+r"(wb), [x] "+r"(x), [n] "+r"(words), [w] "=&r"(w), [lo] "=&r"(lo),
+                           [t] "=&r"(t), "=&r"(r4), "=&r"(r5), "=&r"(r6), "=&r"(r8)
+                         : [mask] "r"(0xF0F0F0F0u)
+                         : "cc", "memory");
     }
-    if (k < n) {
-        uint32_t w = load32(wb), lo = and_lsl4(mask, w), hi = w & mask;
-        load4(x, v);
-        acc = __smlad(__sxtb16(lo), v[0], acc);
-        acc = __smlad(sxtb16_ror8(lo), v[1], acc);
-        acc = __smlad(__sxtb16(hi), v[2], acc);
-        acc = __smlad(sxtb16_ror8(hi), v[3], acc);
-    }
-    return (acc + acc2) / 16; /* exact: every product was a multiple of 16 */
+    return acc / 16; /* exact: every product was a multiple of 16 */
 }
 
+/* int8: per eight values two weight words, one LDM of four layout words, four SXTB16 / SMLAD pairs. */
 static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t n) {
     const uint32_t *x = (const uint32_t *)a->lay + PAD16(a->cap) / 2 + x0 / 2;
-    int32_t acc = 0, acc2 = 0;
-    uint32_t k = 0;
-    for (; k + 8 <= n; k += 8, w += 8, x += 4) {
-        uint32_t u = load32(w), v = load32(w + 4);
-        acc = __smlad(__sxtb16(u), x[0], acc);
-        acc2 = __smlad(__sxtb16(v), x[2], acc2);
-        acc = __smlad(sxtb16_ror8(u), x[1], acc);
-        acc2 = __smlad(sxtb16_ror8(v), x[3], acc2);
+    uint32_t blocks = n / 8, u, v, t;
+    int32_t acc = 0;
+    if (blocks) {
+        register uint32_t r4 __asm__("r4"), r5 __asm__("r5"), r6 __asm__("r6"), r8 __asm__("r8");
+        __asm__ volatile("1:\n\t"
+                         "ldr %[u], [%[w]], #4\n\t"
+                         "ldr %[v], [%[w]], #4\n\t"
+                         "ldmia %[x]!, {r4, r5, r6, r8}\n\t"
+                         "sxtb16 %[t], %[u]\n\t"
+                         "smlad %[acc], %[t], r4, %[acc]\n\t"
+                         "sxtb16 %[t], %[u], ror #8\n\t"
+                         "smlad %[acc], %[t], r5, %[acc]\n\t"
+                         "sxtb16 %[t], %[v]\n\t"
+                         "smlad %[acc], %[t], r6, %[acc]\n\t"
+                         "sxtb16 %[t], %[v], ror #8\n\t"
+                         "smlad %[acc], %[t], r8, %[acc]\n\t"
+                         "subs %[n], %[n], #1\n\t"
+                         "bne 1b\n\t"
+                         : [acc] "+r"(acc), [w] "+r"(w), [x] "+r"(x), [n] "+r"(blocks), [u] "=&r"(u), [v] "=&r"(v),
+                           [t] "=&r"(t), "=&r"(r4), "=&r"(r5), "=&r"(r6), "=&r"(r8)
+                         :
+                         : "cc", "memory");
     }
-    if (k < n) {
-        uint32_t u = load32(w);
-        acc = __smlad(__sxtb16(u), x[0], acc);
-        acc = __smlad(sxtb16_ror8(u), x[1], acc);
+    if (n % 8) { /* four values left (runs are multiples of ALIGN_I8) */
+        uint32_t word;
+        memcpy(&word, w, 4);
+        acc = __smlad(__sxtb16(word), x[0], acc);
+        acc = __smlad(__sxtb16(word >> 8 | word << 24), x[1], acc);
     }
-    return acc + acc2;
+    return acc;
 }
 #endif
 
@@ -161,7 +161,7 @@ static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t
  * int4: a 16-byte load holds 32 codes; VSHL #4 then VSHR.S8 #4 sign-extends the low nibbles (even elements), VSHR.S8
  * #4 alone the high ones (odd elements), which meet the activation's even / odd halves (laid out once per
  * activation). The last partial vector is predicated (VCTP): no read past the run. */
-#if defined(PLE_KERNEL_MVE)
+#if PLE_IKERNEL == PLE_KERNEL_HELIUM
 #define ALIGN_I4 2
 #define ALIGN_I8 1
 
@@ -180,17 +180,17 @@ static int32_t kseg_i4(const uint8_t *wb, const ple_kact *a, uint32_t x0, uint32
     const int8_t *xe = (const int8_t *)a->lay + x0 / 2, *xo = xe + PAD16(a->cap) / 2;
     const int8_t *w = (const int8_t *)wb;
     int32_t acc = 0;
-    uint32_t pairs = n / 2, j = 0;
-    for (; j + 16 <= pairs; j += 16) {
-        int8x16_t c = vld1q_s8(w + j);
-        acc = vmladavaq_s8(acc, vshrq_n_s8(vshlq_n_s8(c, 4), 4), vld1q_s8(xe + j));
-        acc = vmladavaq_s8(acc, vshrq_n_s8(c, 4), vld1q_s8(xo + j));
+    uint32_t pairs = n / 2;
+    for (; pairs >= 16; pairs -= 16, w += 16, xe += 16, xo += 16) {
+        int8x16_t c = vld1q_s8(w);
+        acc = vmladavaq_s8(acc, vshrq_n_s8(vshlq_n_s8(c, 4), 4), vld1q_s8(xe));
+        acc = vmladavaq_s8(acc, vshrq_n_s8(c, 4), vld1q_s8(xo));
     }
-    if (j < pairs) {
-        mve_pred16_t p = vctp8q(pairs - j);
-        int8x16_t c = vldrbq_z_s8(w + j, p);
-        acc = vmladavaq_s8(acc, vshrq_n_s8(vshlq_n_s8(c, 4), 4), vldrbq_z_s8(xe + j, p));
-        acc = vmladavaq_s8(acc, vshrq_n_s8(c, 4), vldrbq_z_s8(xo + j, p));
+    if (pairs) {
+        mve_pred16_t p = vctp8q(pairs);
+        int8x16_t c = vldrbq_z_s8(w, p);
+        acc = vmladavaq_s8(acc, vshrq_n_s8(vshlq_n_s8(c, 4), 4), vldrbq_z_s8(xe, p));
+        acc = vmladavaq_s8(acc, vshrq_n_s8(c, 4), vldrbq_z_s8(xo, p));
     }
     return acc;
 }
@@ -198,11 +198,10 @@ static int32_t kseg_i4(const uint8_t *wb, const ple_kact *a, uint32_t x0, uint32
 static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t n) {
     const int8_t *q = a->q + x0;
     int32_t acc = 0;
-    uint32_t i = 0;
-    for (; i + 16 <= n; i += 16) acc = vmladavaq_s8(acc, vld1q_s8(w + i), vld1q_s8(q + i));
-    if (i < n) {
-        mve_pred16_t p = vctp8q(n - i);
-        acc = vmladavaq_s8(acc, vldrbq_z_s8(w + i, p), vldrbq_z_s8(q + i, p));
+    for (; n >= 16; n -= 16, w += 16, q += 16) acc = vmladavaq_s8(acc, vld1q_s8(w), vld1q_s8(q));
+    if (n) {
+        mve_pred16_t p = vctp8q(n);
+        acc = vmladavaq_s8(acc, vldrbq_z_s8(w, p), vldrbq_z_s8(q, p));
     }
     return acc;
 }
@@ -211,10 +210,12 @@ static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t
 /* ---- shared: names, memory, quantisation, the driver ----------------------------------------------------- */
 
 const char *ple_kernel_name(void) {
-#if defined(PLE_KERNEL_DSP)
+#if PLE_IKERNEL == PLE_KERNEL_DSP
     return "dsp";
-#elif defined(PLE_KERNEL_MVE)
-    return "mve";
+#elif PLE_IKERNEL == PLE_KERNEL_HELIUM
+    return "helium";
+#elif PLE_IKERNEL == PLE_KERNEL_VECTOR
+    return "vector";
 #else
     return "portable";
 #endif
@@ -326,4 +327,10 @@ float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t 
         s = b;
     }
     return sum * a->scale;
+}
+
+void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
+                   uint32_t n, const ple_kact *a) {
+    for (uint32_t r = 0; r < rows; r++, codes += stride, scales += stride) /* (0 + isum * s) * scale, as ple_kdot */
+        out[r] = (float)run(dtype, codes, 0, n, 0, a) * ple_f16(scales) * a->scale;
 }

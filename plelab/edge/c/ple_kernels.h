@@ -7,18 +7,19 @@
  * int32 (exact) and spends one float multiply-add per segment: sum += (float)isum * scale_g; the result is
  * sum * a.scale.
  *
- * One interface, three implementations chosen at compile time (ple_kernel_name() says which one was built):
- *   PLE_KERNEL_PORTABLE  plain C99, any target (the fallback; x86 uses it)
+ * One interface, three implementations chosen at compile time by ple.h's kernel switch, -DPLE_KERNEL=...:
+ *   PLE_KERNEL_PORTABLE, PLE_KERNEL_VECTOR   plain C99 (the fallback on any target; x86 uses it)
  *   PLE_KERNEL_DSP       Arm DSP extension (Cortex-M4 / M7 / M33): SXTB16 unpacking, SMLAD dual 16-bit MACs
- *   PLE_KERNEL_MVE       Arm Helium / MVE (Cortex-M55 / M85): 16 int8 lanes, VMLADAVA
- * By default the best the compiler targets (__ARM_FEATURE_MVE, else __ARM_FEATURE_DSP, else portable); define one
- * of the three to force it (a forced kernel the target cannot run is a compile error).
+ *   PLE_KERNEL_HELIUM    Arm Helium / MVE (Cortex-M55 / M85): 16 int8 lanes, VMLADAVA
+ * Without -DPLE_KERNEL the best the target has (__ARM_FEATURE_MVE, else __ARM_FEATURE_DSP, else portable); a
+ * kernel the target cannot run is a compile error. ple_kernel_name() says which one was built.
  *
- * Where another SIMD slots in (an ESP32-S3 PIE kernel, say): ple_kernels.c's three kernel entry points are all an
- * implementation provides: kact_layout (re-lay the int8 codes for its loads, once per activation), kseg_i4 and
- * kseg_i8 (the int32 sum of one aligned run of a group segment). Add a PLE_KERNEL_X block beside the DSP and MVE
- * ones; the driver (row / group walking, unaligned heads and tails, scales) stays shared, so a new kernel is
- * exact against the portable one by construction and tests/edge/test_c_mcu_kernels.py checks it bit for bit.
+ * Where another SIMD slots in (an ESP32-S3 PIE kernel, say): an implementation is three functions in
+ * ple_kernels.c: kact_layout (re-lay the int8 codes for its loads, once per activation and weight dtype), kseg_i4
+ * and kseg_i8 (the exact int32 sum of one aligned run inside a group segment), plus its ALIGN_I4 / ALIGN_I8.
+ * Add a block beside the DSP and Helium ones under a new PLE_KERNEL_ value; the driver (rows, groups, unaligned
+ * heads and tails, scales, the float multiply-add per group) stays shared, so every kernel must equal the
+ * portable one bit for bit, which plektest (tests/edge/test_c_mcu_kernels.py) checks on odd sizes.
  */
 #ifndef PLE_KERNELS_H
 #define PLE_KERNELS_H
@@ -30,23 +31,28 @@
 #include <immintrin.h>
 #endif
 
-#if defined(PLE_KERNEL_PORTABLE) + defined(PLE_KERNEL_DSP) + defined(PLE_KERNEL_MVE) > 1
-#error "define at most one of PLE_KERNEL_PORTABLE, PLE_KERNEL_DSP, PLE_KERNEL_MVE"
-#endif
-#if !defined(PLE_KERNEL_PORTABLE) && !defined(PLE_KERNEL_DSP) && !defined(PLE_KERNEL_MVE)
-#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1)
-#define PLE_KERNEL_MVE 1
+#include "ple.h"
+
+/* PLE_IKERNEL: the integer kernel built (PLE_KERNEL, or the target's best when it is not given) */
+#if defined(PLE_KERNEL)
+#define PLE_IKERNEL PLE_KERNEL
+#elif defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1)
+#define PLE_IKERNEL PLE_KERNEL_HELIUM
 #elif defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
-#define PLE_KERNEL_DSP 1
+#define PLE_IKERNEL PLE_KERNEL_DSP
+#elif defined(__GNUC__)
+#define PLE_IKERNEL PLE_KERNEL_VECTOR
 #else
-#define PLE_KERNEL_PORTABLE 1
+#define PLE_IKERNEL PLE_KERNEL_PORTABLE
 #endif
-#endif
-#if defined(PLE_KERNEL_DSP) && !(defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP)
+#if PLE_IKERNEL == PLE_KERNEL_DSP && !(defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP)
 #error "PLE_KERNEL_DSP needs a target with the Arm DSP extension (e.g. -mcpu=cortex-m7)"
 #endif
-#if defined(PLE_KERNEL_MVE) && !(defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1))
-#error "PLE_KERNEL_MVE needs a target with Helium (e.g. -mcpu=cortex-m55)"
+#if PLE_IKERNEL == PLE_KERNEL_HELIUM && !(defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1))
+#error "PLE_KERNEL_HELIUM needs a target with Helium (e.g. -mcpu=cortex-m55)"
+#endif
+#if PLE_IKERNEL < PLE_KERNEL_PORTABLE || PLE_IKERNEL > PLE_KERNEL_HELIUM
+#error "PLE_KERNEL must be one of PLE_KERNEL_PORTABLE, _VECTOR, _DSP, _HELIUM (ple.h)"
 #endif
 
 /* Longest run one int32 accumulator takes: |code| <= 127 times |weight| <= 127 (x16 in the DSP int4 unpacking)
@@ -102,5 +108,9 @@ void ple_kact_prepare(ple_kact *a, int dtype);
  * times a.q[0..n), times the scales: the float dot product. */
 float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint64_t e0, uint32_t n,
                const ple_kact *a);
+/* out[r] = ple_kdot of `rows` vectors of n <= group values each (one scale), the r-th at codes + r * stride with its
+ * scale at scales + r * stride: a tied head's records, without the per-row group walk. n <= PLE_KCHUNK. */
+void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
+                   uint32_t n, const ple_kact *a);
 
 #endif

@@ -31,6 +31,9 @@
 #define ALIGN 64
 #define N_SCRATCH 22 /* float buffers of maxdim values in the arena (ple_open's bufs) */
 #define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
+#if defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_PORTABLE && !defined(PLE_SCALAR)
+#define PLE_SCALAR /* PORTABLE: the float products are the plain C99 loops too */
+#endif
 #define HEAD_BLOCK 16 /* head rows the greedy head skip decides on at once (ple_forward_greedy) */
 
 typedef struct {
