@@ -10,12 +10,12 @@ clock() follows the host's clock and is not used. Instruction counts do not depe
 Runs per board: the float path (fp32 activations, float32 KV cache: the reference) built with plain C loops and
 with GCC's vector extensions, and for each integer kernel the core has (-DPLE_KERNEL=PLE_KERNEL_PORTABLE / _DSP /
 _HELIUM) the MCU path: int8 activations and an int8 KV cache, with the full head and with the greedy head skip
-(whose savings depend on the weights: with random weights they are not what a trained model gets). Reported: instructions per token (one forward pass plus the greedy argmax), per
-active parameter (every dense tensor plus the whole head: what one token multiplies), and the tokens/s that count
-would give at 240 MHz and one instruction per cycle. That is an estimate, not a measurement: these are
-instruction counts, not cycles, and it leaves out flash and PSRAM latency, caches and wait states (QEMU models
-none), and that the ESP32-S3's Xtensa LX7 (with its PIE SIMD) is neither a Cortex-M7 nor a Cortex-M55.
-Prints JSON with the command that produced it.
+(whose savings depend on the weights: with random weights they are not what a trained model gets). Reported:
+instructions per token (one forward pass plus the greedy argmax), per active parameter (every dense tensor plus
+the whole head: what one token multiplies), and the tokens/s that count would give at 240 MHz and one
+instruction per cycle. That is an estimate, not a measurement: these are instruction counts, not cycles, and it
+leaves out flash and PSRAM latency, caches and wait states (QEMU models none), and that the ESP32-S3's Xtensa
+LX7 (with its PIE SIMD) is neither a Cortex-M7 nor a Cortex-M55. Prints JSON with the command that produced it.
 
     python3 benchmarks/bench_mcu.py                              # esp32-28m int4, both boards, every kernel
     python3 benchmarks/bench_mcu.py --kernel helium --board mps3-an547
