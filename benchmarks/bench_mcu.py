@@ -7,15 +7,15 @@ one nanosecond. The image reads the board's hardware timer around each position 
 25 MHz; mps3-an547: the SSE-300 System Counter, 32 MHz), so ticks x 1e9 / clock = instructions; semihosting's
 clock() follows the host's clock and is not used. Instruction counts do not depend on the host's load.
 
-Runs per board: the float path (fp32 activations, float32 KV cache: the reference), and for each integer kernel the
-core has (-DPLE_KERNEL=PLE_KERNEL_PORTABLE / _DSP / _HELIUM) the MCU path: int8 activations and an int8 KV cache,
-with the full head and with the greedy head skip (whose savings depend on the weights: with random weights they are
-not what a trained model gets). Reported: instructions per token (one forward pass plus the greedy argmax), per
-active parameter (every dense tensor plus the whole head: what one token multiplies), and the tokens/s that count
-would give at 240 MHz and one instruction per cycle. That is an estimate, not a measurement: these are instruction
-counts, not cycles, and it leaves out flash and PSRAM latency, caches and wait states (QEMU models none), and that
-the ESP32-S3's Xtensa LX7 (with its PIE SIMD) is neither a Cortex-M7 nor a Cortex-M55. Prints JSON with the command
-that produced it.
+Runs per board: the float path (fp32 activations, float32 KV cache: the reference) built with plain C loops and
+with GCC's vector extensions, and for each integer kernel the core has (-DPLE_KERNEL=PLE_KERNEL_PORTABLE / _DSP /
+_HELIUM) the MCU path: int8 activations and an int8 KV cache, with the full head and with the greedy head skip
+(whose savings depend on the weights: with random weights they are not what a trained model gets). Reported:
+instructions per token (one forward pass plus the greedy argmax), per active parameter (every dense tensor plus
+the whole head: what one token multiplies), and the tokens/s that count would give at 240 MHz and one
+instruction per cycle. That is an estimate, not a measurement: these are instruction counts, not cycles, and it
+leaves out flash and PSRAM latency, caches and wait states (QEMU models none), and that the ESP32-S3's Xtensa
+LX7 (with its PIE SIMD) is neither a Cortex-M7 nor a Cortex-M55. Prints JSON with the command that produced it.
 
     python3 benchmarks/bench_mcu.py                              # esp32-28m int4, both boards, every kernel
     python3 benchmarks/bench_mcu.py --kernel helium --board mps3-an547
@@ -60,7 +60,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quant", default="int4", choices=["int4", "int8", "fp16", "fp32"], help="export encoding")
     p.add_argument("--group", type=options.positive_int, default=128, help="quantisation group (default 128)")
     p.add_argument("--board", action="append", choices=list(mcu.BOARDS), help="board(s) (default: both)")
-    p.add_argument("--kernel", action="append", choices=list(mcu.KERNELS),
+    p.add_argument("--kernel", action="append", choices=[k for k in mcu.KERNELS if k != "vector"],
                    help="integer kernel(s) for the int8 path (default: every kernel the board's core runs)")
     p.add_argument("--no-fp32", action="store_true", help="skip the float reference path")
     p.add_argument("--steps", type=options.positive_int, default=8, help="positions run, prompt included (default 8)")
@@ -100,6 +100,8 @@ def active_parameters(model: Path) -> dict[str, int]:
             "note": "gathered per token, not counted: the PLE record and the embedding row"}
 
 
+# the float path's two builds: plain C loops, and the compiler's vector extensions (the default with GCC)
+FLOAT_KERNELS = ("portable", "vector")
 # name -> (plemcu options, whether it uses an integer kernel)
 PATHS = {"fp32": ({}, False), "int8": ({"act": "int8", "kv": "int8"}, True),
          "int8_head_skip": ({"act": "int8", "kv": "int8", "head_skip": True}, True)}
@@ -162,9 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
             for path, (options, integer) in PATHS.items():
                 if path == "fp32" and args.no_fp32:
                     continue
-                for kernel in (args.kernel or list(b.kernels)) if integer else [None]:
-                    name = f"{path}/{kernel}" if kernel else path
-                    runs[name] = run_one(board, kernel, options, model, args, params["total"])
+                for kernel in (args.kernel or list(b.kernels)) if integer else FLOAT_KERNELS:
+                    runs[f"{path}/{kernel}"] = run_one(board, kernel, options, model, args, params["total"])
             ran = [r for r in runs.values() if "tokens" in r]
             best = min(ran, key=lambda r: r["instructions_per_token"]) if ran else None
             boards[board] = {

@@ -32,6 +32,17 @@
 #define N_SCRATCH 22 /* float buffers of maxdim values in the arena (ple_open's bufs) */
 #define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
 #define KROWS 256 /* rows an integer product hands its kernel at once (and a thread's share at least) */
+#if defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_PORTABLE && !defined(PLE_SCALAR)
+#define PLE_SCALAR /* PORTABLE: the float products are the plain C99 loops too */
+#endif
+/* Cortex-M: GCC lowers the eight-float vectors below to scalar code with extra moves (no float SIMD on the M7;
+ * MVE's four lanes on the M55), and the plain loops take ~37% fewer instructions (benchmarks/bench_mcu.py,
+ * esp32-28m fp32: 52.2 M -> 32.9 M per token on the M7, 48.9 M -> 31.1 M on the M55). -DPLE_KERNEL=PLE_KERNEL_VECTOR
+ * keeps the vectors. */
+#if defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M' && !defined(PLE_SCALAR) && \
+    !(defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_VECTOR)
+#define PLE_SCALAR
+#endif
 #define HEAD_BLOCK 16 /* head rows the greedy head skip decides on at once (ple_forward_greedy) */
 
 typedef struct {
