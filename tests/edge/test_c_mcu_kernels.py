@@ -273,3 +273,19 @@ def test_each_boards_kernels_equal_the_scalar_reference_under_qemu(board, export
         assert r["kernel"] == kernel and r["cases"] > 1500 and r["mismatches"] == 0, r
         digests.add(r["digest"])
     assert len(digests) == 1, digests
+
+
+def test_plelab_run_int8_paths_give_the_same_ids_in_both_engines(export_tmp, capsys):
+    from plelab.cli.main import main
+
+    path = str(export_tmp(lively_model(), quant="int4", group=32))
+    common = ["run", path, "--ids", "1,2,3", "--max-new-tokens", "12", "--temperature", "0", "--json",
+              "--act", "int8", "--kv-dtype", "int8"]
+    results = {}
+    for name, extra in (("numpy", []), ("c", ["--engine", "c"]), ("c_skip", ["--engine", "c", "--head-skip"])):
+        assert main(common + extra) == 0
+        results[name] = json.loads(capsys.readouterr().out)["generated_ids"]
+    assert results["numpy"] == results["c"] == results["c_skip"] and len(results["c"]) == 12
+    assert main(common + ["--head-skip"]) == 2  # the NumPy engine has no head skip: one line, exit 2
+    err = capsys.readouterr().err.strip()
+    assert "--head-skip needs --engine c" in err and "\n" not in err

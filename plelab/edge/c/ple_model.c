@@ -140,12 +140,24 @@ static void row_ptrs(const qmat *w, uint32_t r, const uint8_t **codes, const uin
     }
 }
 
-/* Row r (or the whole vector when rows == 1) as floats. */
+/* Row r (or the whole vector when rows == 1) as floats. Integer codes a group at a time: one scale conversion
+ * per group, not per value (the PLE record every token, the whole head when the greedy head is indexed). */
 static void deq_row(const qmat *w, uint32_t r, float *out) {
     const uint8_t *c, *s;
     uint64_t e0;
     row_ptrs(w, r, &c, &s, &e0);
-    for (uint32_t i = 0; i < w->cols; i++) out[i] = value_at(w, c, s, e0 + i);
+    if (w->dtype != PLE_INT8 && w->dtype != PLE_INT4) {
+        for (uint32_t i = 0; i < w->cols; i++) out[i] = value_at(w, c, s, e0 + i);
+        return;
+    }
+    for (uint64_t e = e0, end = e0 + w->cols; e < end;) {
+        uint64_t g = e / w->group, b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
+        float scale = f16(s + 2 * g);
+        if (w->dtype == PLE_INT8)
+            for (; e < b; e++) out[e - e0] = (float)(int8_t)c[e] * scale;
+        else
+            for (; e < b; e++) out[e - e0] = (float)nib(c[e / 2], (int)(e & 1)) * scale;
+    }
 }
 
 /* ---- dot products ----------------------------------------------------------------------------------- */
