@@ -259,6 +259,14 @@ def _add_run(sub) -> None:
     p.add_argument("--engine", default="numpy", choices=["numpy", "c"],
                    help="numpy (the reference, default) or c: the C runtime, built with the system compiler on "
                         "first use and cached (docs/c-runtime.md)")
+    p.add_argument("--act", default="fp32", choices=["fp32", "int8"],
+                   help="activations into int8 / int4 weights: fp32 (the reference, default) or int8 codes with one "
+                        "scale per vector, as the microcontroller kernels compute (both engines)")
+    p.add_argument("--kv-dtype", default="fp32", choices=["fp32", "int8"],
+                   help="what the KV cache keeps: fp32 (default) or int8 with one scale per head vector (both "
+                        "engines; --device traffic counts it)")
+    p.add_argument("--head-skip", action="store_true",
+                   help="greedy, --engine c --act int8: compute only the head rows that can still win (same ids)")
     p.add_argument("--json", action="store_true", help="machine-readable result")
 
 
@@ -350,7 +358,8 @@ def _generate_c(args: argparse.Namespace) -> dict:
         print(f"plelab run: {fit.note}", file=sys.stderr)
     ids = fit.prompt
     r = c_engine.run(args.model, ids, len(ids) + fit.max_new_tokens - 1, args.temperature, args.top_k, args.seed,
-                     top_p=args.top_p, verify=args.verify, device=args.device, devices_file=args.devices)
+                     top_p=args.top_p, verify=args.verify, device=args.device, devices_file=args.devices,
+                     act=args.act, kv_dtype=args.kv_dtype, extra=["--head-skip"] if args.head_skip else None)
     out = r["tokens"][len(ids):]
     if tok and tok.eot_id in out:
         out = out[: out.index(tok.eot_id) + 1]
@@ -369,6 +378,7 @@ def _generate_c(args: argparse.Namespace) -> dict:
         "reads_per_token": {k: v["reads_per_token"] for k, v in r["traffic"].items()},
         "tiers": "device plan: " + args.device if args.device else "host: file = pread rows, ram = weights as stored",
         "resident_bytes": r["arena_bytes"],
+        "head_rows_computed_share": r["head_rows_computed"] / r["head_rows"] if r["head_rows"] else None,
     }
 
 
@@ -378,21 +388,23 @@ def run_run(args: argparse.Namespace) -> int:
 
     if Path(args.model).is_dir():
         raise PlelabError(f"{args.model} is a folder; give a .ple file (plelab export makes one from a run)")
-    placement, kv_bytes = None, 4  # host: the runtime's own float32 KV cache
+    if args.head_skip and (args.engine != "c" or args.act != "int8" or args.temperature > 0):
+        raise PlelabError("--head-skip needs --engine c --act int8 and greedy decoding (--temperature 0)")
+    placement = None
     if args.device:
         from plelab.edge.format import PleFile
-        from plelab.edge.plan import KV_BYTES, get_device, plan
+        from plelab.edge.plan import get_device, plan
 
-        with PleFile(args.model, verify="none") as f:
-            planned = plan(f.layout, get_device(args.device, args.devices))
+        with PleFile(args.model, verify="none") as f:  # the KV cache the runtime keeps, as it keeps it
+            planned = plan(f.layout, get_device(args.device, args.devices), kv_dtype=args.kv_dtype)
         if not planned["fits"]:
             raise PlelabError(f"{args.model} does not fit {args.device} (see plelab plan); "
                               "its traffic per tier would mean nothing")
-        placement, kv_bytes = planned["placement"], KV_BYTES[planned["kv_dtype"]]
+        placement = planned["placement"]
     if args.engine == "c":
         result = _generate_c(args)
     else:
-        model = EdgeModel(args.model, args.verify, placement, kv_bytes)
+        model = EdgeModel(args.model, args.verify, placement, kv_dtype=args.kv_dtype, act=args.act)
         try:
             result = _generate(model, args)
         finally:

@@ -21,9 +21,10 @@ from typing import Any
 from plelab.errors import PlelabError
 
 C_DIR = Path(__file__).with_name("c")
-LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c")
-HEADERS = ("ple.h", "devices.inc")
-PROGRAMS = {"plerun": "plerun.c", "plefuzz": "plefuzz.c"}
+LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_kernels.c")
+HEADERS = ("ple.h", "ple_kernels.h", "ple_kcheck.h", "devices.inc", "ple_mutate.h")
+# program -> its sources besides LIBRARY (plektest: the integer kernels' self-check, ple_kcheck.h)
+PROGRAMS = {"plerun": ("plerun.c",), "plefuzz": ("plefuzz.c",), "plektest": ("plektest.c", "ple_kcheck.c")}
 # fp-contract: let a * b + c become one fused multiply-add (C99 mode turns it off; +40% int4 tok/s here)
 BASE_FLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Wall -Wextra -ffp-contract=fast"
 SANITIZE = "-O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
@@ -48,7 +49,7 @@ def _cache_root() -> Path:
 
 def _key(program: str, cc: str, flags: list[str]) -> str:
     h = hashlib.sha256()
-    for name in (*LIBRARY, *HEADERS, PROGRAMS[program]):
+    for name in (*LIBRARY, *HEADERS, *PROGRAMS[program]):
         h.update(name.encode() + b"\0" + (C_DIR / name).read_bytes())
     version = subprocess.run([*shlex.split(cc), "--version"], capture_output=True, text=True).stdout
     h.update("\0".join([program, cc, version, *flags]).encode())
@@ -62,7 +63,7 @@ def compile_flags(cflags: str = "-O3 -march=native", openmp: bool = False, sanit
 
 def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: bool = False,
           program: str = "plerun") -> Path:
-    """Compile `program` (plerun or plefuzz) if its cached binary is missing; returns the binary's path."""
+    """Compile `program` (plerun, plefuzz or plektest) if its cached binary is missing; returns the binary's path."""
     cc = compiler()
     flags = compile_flags(cflags, openmp, sanitize)
     out_dir = _cache_root() / _key(program, cc, flags)
@@ -72,7 +73,7 @@ def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: boo
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{program}.")
     os.close(fd)
-    sources = [str(C_DIR / s) for s in (*LIBRARY, PROGRAMS[program])]
+    sources = [str(C_DIR / s) for s in (*LIBRARY, *PROGRAMS[program])]
     cmd = [*shlex.split(cc), *flags, "-I", str(C_DIR), *sources, "-o", tmp, "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -109,11 +110,17 @@ def devices_inc(devices_file: str | None = None) -> str:
 
 def run(model: str | Path, ids: list[int], steps: int, temperature: float = 0.0, top_k: int | None = None,
         seed: int = 0, threads: int = 1, verify: str = "full", device: str | None = None, top_p: float = 1.0,
-        devices_file: str | None = None, extra: list[str] | None = None, **build_opts: Any) -> dict[str, Any]:
-    """Run `plerun --json` on `model` and return its result (tokens, tok/s, traffic, arena)."""
+        devices_file: str | None = None, extra: list[str] | None = None, act: str = "fp32", kv_dtype: str = "fp32",
+        **build_opts: Any) -> dict[str, Any]:
+    """Run `plerun --json` on `model` and return its result (tokens, tok/s, traffic, arena).
+
+    act: "fp32" (the reference) or "int8" (int8 activations into int8 / int4 weights); kv_dtype: the KV cache's
+    "fp32" or "int8" (docs/c-runtime.md).
+    """
     binary = build(openmp=threads > 1, **build_opts)
     cmd = [str(binary), str(model), "--ids", ",".join(map(str, ids)), "--steps", str(steps), "--json",
-           "--temperature", str(temperature), "--seed", str(seed), "--threads", str(threads)]
+           "--temperature", str(temperature), "--seed", str(seed), "--threads", str(threads), "--act", act,
+           "--kv", kv_dtype]
     if top_k:
         cmd += ["--top-k", str(top_k)]
     if top_p < 1:

@@ -28,6 +28,8 @@ from plelab.util.dataclass_config import ConfigError, read_file
 
 DEFAULT_DEVICES = Path(__file__).with_name("devices.toml")
 KV_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+# int8 keys / values carry one float32 scale per head vector (the C and NumPy runtimes' int8 KV cache)
+KV_SCALE_BYTES = {"fp32": 0, "fp16": 0, "int8": 4}
 ROUTED = ".mlp.experts."  # in the name of every MoE expert tensor (plelab.edge.export.file_tensors)
 
 
@@ -170,6 +172,11 @@ def _record_pages(layout: Layout, table: Table, page: int) -> float:
     return float(np.mean((offs + table.record_bytes - 1) // page - offs // page + 1))
 
 
+def kv_bytes_per_position(layers: int, kv_heads: int, head_dim: int, kv_dtype: str) -> int:
+    """Bytes of keys and values one position adds to the KV cache (scales included)."""
+    return 2 * layers * kv_heads * (head_dim * KV_BYTES[kv_dtype] + KV_SCALE_BYTES[kv_dtype])
+
+
 def items(layout: Layout, context: int, kv_dtype: str) -> list[Item]:
     """Everything to place, with per-token traffic at position `context`."""
     m, d = layout.model, layout.derived
@@ -191,7 +198,7 @@ def items(layout: Layout, context: int, kv_dtype: str) -> list[Item]:
         f = share if ROUTED in t.name else 1.0
         out.append(Item(t.name, f"{t.enc.dtype} {'x'.join(map(str, t.shape))}", t.nbytes, t.nbytes * f, f,
                         resident=True, density=f))
-    kv = 2 * m["num_layers"] * d["kv_heads"] * d["head_dim"] * KV_BYTES[kv_dtype]
+    kv = kv_bytes_per_position(m["num_layers"], d["kv_heads"], d["head_dim"], kv_dtype)
     out.append(Item("kv_cache", f"KV cache, {kv_dtype}, {context} positions", kv * context, kv * context,
                     2 * m["num_layers"], resident=True, density=0.5))
     return out

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from plelab.edge.format import PleFile
+from plelab.edge.plan import kv_bytes_per_position
 from plelab.errors import PlelabError
 from plelab.inference.generate import check_fits, generate_ids
 from plelab.inference.sampling import Sampling
@@ -31,6 +32,8 @@ HOST_TIERS = {"rows": "file", "dense": "ram"}
 # FFN kinds a file can hold (a pruned FFN is exported as the swiglu it becomes)
 FFN_KINDS = ("swiglu", "mglu", "lowrank", "moe")
 SWIGLU = ("gate_proj", "up_proj", "down_proj")
+ACTS = ("fp32", "int8")  # activations into int8 / int4 weights: float, or int8 codes with one scale per vector
+KV_DTYPES = ("fp32", "int8")  # what the KV cache keeps (int8: codes + one float32 scale per head vector)
 PREFILL_CHUNK = 32  # prompt tokens per forward call during prefill
 MGLU_BLOCK = 1 << 16  # mask elements unpacked at a time (a 64 KB bool block: cache-sized, not matrix-sized)
 
@@ -49,9 +52,26 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * np.float32(0.5) * (np.float32(1) + np.tanh(x * np.float32(0.5)))
 
 
-def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-    """down(silu(gate x) * up x), weights in nn.Linear layout."""
-    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+def quantize_i8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes and float32 scales of each vector (last axis) of x, exactly as the C runtime makes them.
+
+    scale = max|x| / 127; code = x * (127 / max|x|) (a float32 product) rounded half away from zero; a vector of
+    zeros (or one that is not finite) gets zero codes. x ~= codes * scale. ple_kernels.c: ple_kact_quantize.
+    """
+    x = np.asarray(x, np.float32)
+    mx = np.abs(x).max(axis=-1, keepdims=True)
+    ok = (mx > 0) & (mx <= np.float32(3.0e38))
+    safe = np.where(ok, mx, np.float32(1))
+    v = x * (np.float32(127) / safe)
+    codes = np.clip(np.trunc(v + np.copysign(np.float32(0.5), v)), -127, 127)
+    codes = np.where(ok, codes, 0).astype(np.int8)
+    return codes, np.where(ok, safe / np.float32(127), np.float32(0)).astype(np.float32)
+
+
+def int8_roundtrip(x: np.ndarray) -> np.ndarray:
+    """x as its int8 codes times their scale (float32): what an int8 activation or KV vector stands for."""
+    codes, scale = quantize_i8(x)
+    return codes.astype(np.float32) * scale
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -116,10 +136,18 @@ class EdgeModel:
     """A .ple model ready to run: resident dense weights, memory-mapped row tables, traffic counters."""
 
     def __init__(self, path: str | Path, verify: str = "full", placement: dict[str, str] | None = None,
-                 kv_value_bytes: int = 4):
-        """Open `path`; `placement` (planner item -> tier) and `kv_value_bytes` model a device's traffic."""
+                 kv_dtype: str = "fp32", act: str = "fp32"):
+        """Open `path`; `placement` (planner item -> tier) models a device's traffic.
+
+        kv_dtype: what the KV cache keeps, "fp32" or "int8" (codes + a scale per head vector; its traffic counts
+        those bytes). act: "fp32", or "int8": every product with int8 / int4 weights first rounds its input
+        vectors to int8 codes times one scale, as the C runtime's integer kernels do (docs/c-runtime.md).
+        """
+        if kv_dtype not in KV_DTYPES or act not in ACTS:
+            raise EdgeRuntimeError(f"kv dtype must be one of {KV_DTYPES} and activations one of {ACTS}, "
+                                   f"got {kv_dtype!r} and {act!r}")
+        self.kv_dtype, self.act = kv_dtype, act
         self.file = PleFile(path, verify)
-        self.kv_value_bytes = kv_value_bytes
         try:
             self._load(path, placement)
         except BaseException:
@@ -166,6 +194,12 @@ class EdgeModel:
         if m["tie_embeddings"]:
             self._stored_bytes["table:embed"] = self.embed_table.nbytes
         self._dense = [n for n in self._stored_bytes if ".mlp.experts." not in n]
+        # products whose input the int8 path rounds: those with integer weights
+        int_enc = {t.name for t in lay.tensors if t.enc.is_int}
+        head_enc = self.embed_table.part("embed").enc if m["tie_embeddings"] else lay.tensor("lm_head.weight").enc
+        if head_enc.is_int:
+            int_enc.add("head")
+        self._int_inputs = int_enc if self.act == "int8" else set()
 
     def _ffn_tensors(self) -> dict[str, tuple[int, ...]]:
         """Name (after `layers.{i}.mlp.`) -> shape of one layer's FFN tensors."""
@@ -235,8 +269,8 @@ class EdgeModel:
         t.tokens += 1
         for name in self._dense:
             t.add(self.tier(name, "dense"), self._read_bytes(name))
-        kv_bytes = 2 * self.n_layers * self.n_kv * self.head_dim * (pos + 1) * self.kv_value_bytes
-        t.add(self.tier("kv_cache", "dense"), kv_bytes, 2 * self.n_layers)
+        per_position = kv_bytes_per_position(self.n_layers, self.n_kv, self.head_dim, self.kv_dtype)
+        t.add(self.tier("kv_cache", "dense"), per_position * (pos + 1), 2 * self.n_layers)
 
     def _read_bytes(self, name: str) -> int:
         """Bytes one read of dense item `name` moves: as stored on a device, the resident copy on the host."""
@@ -303,7 +337,19 @@ class EdgeModel:
                 x = x + self._inject(x, ple[:, self.slot[i]], p + "ple.")
         cache.pos += T
         # (V, H) @ (H, T): a row-major gemv over the head, faster than x @ head.T in NumPy.
-        return (self.head @ rms_norm(x, self.w["norm.weight"], self.eps).T).T
+        return (self.head @ self._in(rms_norm(x, self.w["norm.weight"], self.eps), "head").T).T
+
+    def _in(self, x: np.ndarray, name: str) -> np.ndarray:
+        """The input of a product with weights `name` ("head": the tied head): int8-rounded on the int8 path."""
+        return int8_roundtrip(x) if name in self._int_inputs else x
+
+    def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x @ W.T for the dense tensor `name` (nn.Linear layout)."""
+        return self._in(x, name) @ self.w[name].T
+
+    def _swiglu(self, x: np.ndarray, gate: str, up: str, down: str) -> np.ndarray:
+        """down(silu(gate x) * up x) for the tensors named gate, up, down."""
+        return self._mm(silu(self._mm(x, gate)) * self._mm(x, up), down)
 
     def _per_layer_inputs(self, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
         """(T, L_ple, dP): identity * sqrt(dP), fused with the normed context projection when enabled."""
@@ -311,7 +357,7 @@ class EdgeModel:
         ident = (raw * np.float32(math.sqrt(dp))).reshape(len(raw), n, dp)
         if not self.ple["context"]:
             return ident
-        ctx = (x @ self.w["per_layer_inputs.per_layer_model_projection.weight"].T) * np.float32(self.H**-0.5)
+        ctx = self._mm(x, "per_layer_inputs.per_layer_model_projection.weight") * np.float32(self.H**-0.5)
         ctx = rms_norm(ctx.reshape(len(raw), n, dp), self.w["per_layer_inputs.per_layer_projection_norm.weight"],
                        self.eps)
         return (ctx + ident) * np.float32(2.0**-0.5)
@@ -319,31 +365,30 @@ class EdgeModel:
     def _inject(self, h: np.ndarray, ple_l: np.ndarray, p: str) -> np.ndarray:
         """One layer's PLE contribution: norm(proj(gate(h) * ple_l))."""
         if self.ple["gate"] == "input":
-            g = gelu_tanh(h @ self.w[p + "per_layer_input_gate.weight"].T)
+            g = gelu_tanh(self._mm(h, p + "per_layer_input_gate.weight"))
         else:
             g = self.w[p + "gate"]
-        y = (g * ple_l) @ self.w[p + "per_layer_projection.weight"].T
+        y = self._mm(g * ple_l, p + "per_layer_projection.weight")
         if self.ple["output_norm"]:
             y = rms_norm(y, self.w[p + "post_per_layer_input_norm.weight"], self.eps)
         return y
 
     def _ffn(self, x: np.ndarray, p: str) -> np.ndarray:
         """The FFN variant of the file: SwiGLU, MGLU (masks applied from their bits), low-rank SwiGLU or MoE."""
-        w = self.w
         if self.ffn_kind == "swiglu":
-            return swiglu(x, *(w[f"{p}{n}.weight"] for n in SWIGLU))
+            return self._swiglu(x, *(f"{p}{n}.weight" for n in SWIGLU))
         if self.ffn_kind == "moe":
             return self._moe(x, p)
         if self.ffn_kind == "lowrank":
-            gate = (x @ w[p + "gate_proj_a.weight"].T) @ w[p + "gate_proj_b.weight"].T
-            up = (x @ w[p + "up_proj_a.weight"].T) @ w[p + "up_proj_b.weight"].T
-            return (silu(gate) * up) @ w[p + "down_proj.weight"].T
-        return self._mglu(x, p) @ w[p + "down_proj.weight"].T
+            gate = self._mm(self._mm(x, p + "gate_proj_a.weight"), p + "gate_proj_b.weight")
+            up = self._mm(self._mm(x, p + "up_proj_a.weight"), p + "up_proj_b.weight")
+            return self._mm(silu(gate) * up, p + "down_proj.weight")
+        return self._mm(self._mglu(x, p), p + "down_proj.weight")
 
     def _moe(self, x: np.ndarray, p: str) -> np.ndarray:
         """Router softmax, top-k renormalised weights, and only the routed experts run (and are counted read)."""
         ffn = self.cfg["ffn"]
-        logits = x @ self.w[p + "router.weight"].T
+        logits = self._mm(x, p + "router.weight")
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         top = np.argsort(-probs, axis=-1, kind="stable")[:, : ffn["top_k"]]
@@ -353,11 +398,11 @@ class EdgeModel:
         for e in np.unique(top):
             rows, slot = np.nonzero(top == e)  # each token reaches expert e at most once
             names = [f"{p}experts.{e}.{n}" for n in SWIGLU]
-            out[rows] += weights[rows, slot, None] * swiglu(x[rows], *(self.w[n] for n in names))
+            out[rows] += weights[rows, slot, None] * self._swiglu(x[rows], *names)
             for n in names:
                 self.traffic.add(self.tier(n, "dense"), len(rows) * self._read_bytes(n), len(rows))
         if ffn.get("shared_expert"):
-            out += swiglu(x, *(self.w[f"{p}shared_{n}"] for n in SWIGLU))
+            out += self._swiglu(x, *(f"{p}shared_{n}" for n in SWIGLU))
         return out
 
     def _mglu(self, x: np.ndarray, p: str) -> np.ndarray:
@@ -386,11 +431,13 @@ class EdgeModel:
         """Causal grouped-query attention over the cache plus the new positions."""
         p = f"layers.{layer}.self_attn."
         T, hd = len(x), self.head_dim
-        q = (x @ self.w[p + "q_proj.weight"].T).reshape(T, self.n_heads, hd).transpose(1, 0, 2)
-        k = (x @ self.w[p + "k_proj.weight"].T).reshape(T, self.n_kv, hd).transpose(1, 0, 2)
-        v = (x @ self.w[p + "v_proj.weight"].T).reshape(T, self.n_kv, hd).transpose(1, 0, 2)
+        q = self._mm(x, p + "q_proj.weight").reshape(T, self.n_heads, hd).transpose(1, 0, 2)
+        k = self._mm(x, p + "k_proj.weight").reshape(T, self.n_kv, hd).transpose(1, 0, 2)
+        v = self._mm(x, p + "v_proj.weight").reshape(T, self.n_kv, hd).transpose(1, 0, 2)
         q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
         s, e = int(pos[0]), int(pos[-1]) + 1
+        if self.kv_dtype == "int8":  # each head vector kept as int8 codes and one scale
+            k, v = int8_roundtrip(k), int8_roundtrip(v)
         cache.keys[layer][:, s:e], cache.values[layer][:, s:e] = k, v
         keys, vals = cache.keys[layer][:, :e], cache.values[layer][:, :e]
         rep = self.n_heads // self.n_kv
@@ -400,7 +447,7 @@ class EdgeModel:
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = (scores / scores.sum(-1, keepdims=True)).reshape(self.n_kv, rep * T, e)
         y = (probs @ vals).reshape(self.n_heads, T, hd).transpose(1, 0, 2).reshape(T, -1)
-        return y @ self.w[p + "o_proj.weight"].T
+        return self._mm(y, p + "o_proj.weight")
 
     # --- generation ---------------------------------------------------------------------------------------
 

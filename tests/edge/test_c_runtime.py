@@ -18,7 +18,7 @@ from plelab.cli.main import main
 from plelab.edge import c_engine
 from plelab.edge import format as fmt
 from plelab.edge.format import PleFile
-from plelab.edge.plan import get_device, plan
+from plelab.edge.plan import get_device, items, plan
 from plelab.edge.runtime import EdgeModel
 
 pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler")
@@ -122,6 +122,11 @@ def test_peak_ram_is_the_planners_sram_plus_psram_and_scratch(plerun, export_tmp
     r = run_c(plerun, path, "--device", "esp32-s3", steps=8)
     assert r["weight_bytes"] + r["kv_cache_bytes"] == ram
     assert ram <= r["arena_bytes"] <= r["peak_ram_bytes"] <= ram + 64 * 1024  # scratch is small
+    # per tier: what the runtime placed in SRAM and PSRAM is the plan's figure, byte for byte
+    assert {name: t["placed"] for name, t in r["tiers"].items()} == {
+        name: t["used"] for name, t in want["tiers"].items() if t["kind"] == "ram"}
+    assert sum(t["arena"] for t in r["tiers"].values()) == r["arena_bytes"]
+    assert all(t["available"] == want["tiers"][name]["capacity"] for name, t in r["tiers"].items())
 
 
 def test_no_verify_table_skips_only_the_row_tables(plerun, export_tmp, tmp_path):
@@ -149,8 +154,12 @@ def test_bad_input_is_one_line_and_exit_2(plerun, export_tmp, tmp_path):
     assert "--ids wants comma-separated integers" in c_error(plerun, path, "--ids", "1,x")
     assert "unknown device" in c_error(plerun, path, "--ids", "1", "--device", "toaster")
     small = tmp_path / "tiny-device.txt"
-    small.write_text("device tiny-mcu\ntier sram ram 4096\ntier flash storage 16777216\n")
-    assert "does not fit tiny-mcu" in c_error(plerun, path, "--ids", "1", "--device", str(small))
+    small.write_text("device tiny-mcu\ntier sram ram 4096\ntier psram ram 8192\ntier flash storage 16777216\n")
+    with PleFile(path, verify="none") as f:
+        need = sum(it.stored for it in items(f.layout, 256, "fp32") if it.resident)
+    err = c_error(plerun, path, "--ids", "1", "--device", str(small))
+    assert f"does not fit tiny-mcu: weights + KV cache need {need} bytes of RAM, 12288 available " \
+           "(sram 4096 + psram 8192)" in err
 
 
 def test_another_format_version_fails_loudly(plerun, export_tmp, tmp_path):

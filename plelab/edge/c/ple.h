@@ -23,6 +23,14 @@ int ple_fail(char *err, const char *fmt, ...)
 #endif
     ;
 
+/* Matrix-vector kernels, chosen at compile time with -DPLE_KERNEL=PLE_KERNEL_...: PORTABLE is plain C99 loops,
+ * VECTOR the GCC / clang vector extensions (the default with those compilers, plain loops elsewhere), DSP the
+ * Armv7E-M DSP instructions (Cortex-M4 / M7), HELIUM Armv8.1-M MVE (Cortex-M55). */
+#define PLE_KERNEL_PORTABLE 1
+#define PLE_KERNEL_VECTOR 2
+#define PLE_KERNEL_DSP 3
+#define PLE_KERNEL_HELIUM 4
+
 enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
 enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK, PLE_MOE };
 enum { PLE_GATE_INPUT, PLE_GATE_SCALAR, PLE_GATE_VECTOR };
@@ -106,12 +114,33 @@ const char *ple_device_names(void);
 
 /* ---- the model ------------------------------------------------------------------------------------ */
 
+/* Caller memory for one RAM tier (a microcontroller's SRAM or PSRAM: the runtime never mallocs the arena then). */
+typedef struct {
+    void *base;
+    uint64_t bytes;
+} ple_region;
+
 typedef struct {
     int verify;                /* 0 none, 1 all but the row tables, 2 every byte */
     int map_weights;           /* use weights in place when the storage maps (not counted in the arena) */
     const ple_device *device;  /* NULL: host accounting (rows from `file`, weights in `ram`) */
     uint64_t max_arena;        /* refuse models whose arena would exceed this many bytes (0: no limit) */
+    int int8_act;              /* products with int8 / int4 weights take int8 activations (ple_kernels.h); 0: float */
+    int int8_kv;               /* keep the KV cache as int8 codes + one float scale per head vector; 0: float32 */
+    int head_skip;             /* ple_forward_greedy computes only the head rows that can still win (needs int8_act) */
+    /* NULL: one malloc'ed arena. Else device->n_tiers entries (storage tiers' ignored): each tensor and the
+     * KV cache go to the region of the tier the placement chose, the working buffers to the fastest region
+     * with room; a model that does not fit is refused naming the bytes needed and the region's size. */
+    const ple_region *regions;
 } ple_options;
+
+/* Per RAM tier: what the model takes of it. */
+typedef struct {
+    char tier[32];
+    uint64_t placed;    /* weights + KV cache placed there (plelab plan's `used` at context max_seq_len) */
+    uint64_t arena;     /* bytes of it the model occupies: placed, 64-byte alignment, working buffers */
+    uint64_t available; /* the region's bytes, or the tier's capacity when there are no regions */
+} ple_tier_use;
 
 typedef struct {
     char tier[32];
@@ -123,6 +152,14 @@ typedef struct ple_model ple_model;
 int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err);
 /* Logits (vocab floats, valid until the next call) after feeding `token` at position `pos` (0, 1, 2...). */
 const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos);
+/* The greedy step: as ple_forward, then the id of the largest logit (the first on ties, as numpy.argmax), or -1
+ * where ple_forward returns NULL. With opt.head_skip only the head rows that can still beat the best so far are
+ * computed (the same id; the other logits are left stale). */
+int64_t ple_forward_greedy(ple_model *m, uint32_t token, uint32_t pos);
+/* The first index of the largest of v[0..n) (numpy.argmax for NaN-free input). */
+uint32_t ple_argmax(const float *v, uint32_t n);
+/* Head rows computed and head rows there are, summed over every step so far. */
+void ple_model_head_rows(const ple_model *m, uint64_t *computed, uint64_t *total);
 /* One token's record of a row table: one storage read of record_bytes into the model's record buffer. */
 const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row);
 const ple_desc *ple_model_desc(const ple_model *m);
@@ -132,6 +169,8 @@ uint64_t ple_model_arena_bytes(const ple_model *m);
 uint64_t ple_model_weight_bytes(const ple_model *m);
 uint64_t ple_model_kv_bytes(const ple_model *m);
 uint64_t ple_model_peak_bytes(const ple_model *m);
+/* Use of each RAM tier (fills at most max entries); returns the number of RAM tiers. */
+int ple_model_tier_use(const ple_model *m, ple_tier_use *out, int max);
 void ple_close(ple_model *m);
 
 #endif

@@ -85,20 +85,26 @@ int ple_device_load(const char *name_or_file, ple_device *dev, char *err) {
                  ple_device_names());
         return -1;
     }
-    char text[8192];
-    size_t n = fread(text, 1, sizeof text - 1, f);
+    enum { MAX_TEXT = 8192 };
+    char *text = malloc(MAX_TEXT); /* on the heap: an MCU task's whole stack can be this small */
+    if (!text) {
+        fclose(f);
+        snprintf(err, PLE_ERR, "out of memory reading the profile file %s", name_or_file);
+        return -1;
+    }
+    size_t n = fread(text, 1, MAX_TEXT - 1, f);
     int big = !feof(f);
     fclose(f);
+    rc = -1;
     if (big) {
-        snprintf(err, PLE_ERR, "%s: profile file larger than %zu bytes", name_or_file, sizeof text - 1);
-        return -1;
-    }
-    text[n] = 0;
-    if (memchr(text, 0, n)) {
+        snprintf(err, PLE_ERR, "%s: profile file larger than %d bytes", name_or_file, MAX_TEXT - 1);
+    } else if (text[n] = 0, memchr(text, 0, n)) {
         snprintf(err, PLE_ERR, "%s: not a text profile", name_or_file);
-        return -1;
+    } else {
+        rc = parse(text, NULL, dev, err, name_or_file) == 1 ? 0 : -1;
     }
-    return parse(text, NULL, dev, err, name_or_file) == 1 ? 0 : -1;
+    free(text);
+    return rc;
 }
 
 const char *ple_device_names(void) { return BUILTIN_DEVICE_NAMES; }

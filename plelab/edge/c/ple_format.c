@@ -6,6 +6,7 @@
  */
 #include "ple.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -203,7 +204,7 @@ static int read_header(ple_storage *st, ple_desc *d, char *err) {
     if (memcmp(h, MAGIC, 8)) return ple_fail(err, "not a .ple file (bad magic)");
     d->version = rd32(h + 8);
     if (d->version != 2)
-        return ple_fail(err, "format version %u is not supported (the C runtime reads version 2); "
+        return ple_fail(err, "format version %" PRIu32 " is not supported (the C runtime reads version 2); "
                          "re-export the model with this plelab", d->version);
     if (ple_crc32(0, h, 60) != rd32(h + 60) || rd32(h + 12) != HEADER_BYTES)
         return ple_fail(err, "header is corrupt (crc32 mismatch)");
@@ -217,7 +218,7 @@ static int read_header(ple_storage *st, ple_desc *d, char *err) {
     d->n_sections = rd32(h + 24);
     d->body_crc = rd32(h + 32);
     if (d->n_sections == 0 || d->n_sections > PLE_MAX_SECTIONS)
-        return ple_fail(err, "header is corrupt (%u sections)", d->n_sections);
+        return ple_fail(err, "header is corrupt (%" PRIu32 " sections)", d->n_sections);
     uint64_t body = HEADER_BYTES + (uint64_t)SECTION_BYTES * d->n_sections;
     if (body > d->file_bytes || st->read(st, HEADER_BYTES, table, SECTION_BYTES * d->n_sections))
         return ple_fail(err, "truncated section table");
@@ -227,7 +228,7 @@ static int read_header(ple_storage *st, ple_desc *d, char *err) {
     for (uint32_t i = 0; i < d->n_sections; i++) {
         ple_section *s = &d->sections[i];
         const uint8_t *e = table + SECTION_BYTES * i;
-        if (name_field(s->name, e, 16)) return ple_fail(err, "section %u has an invalid name", i);
+        if (name_field(s->name, e, 16)) return ple_fail(err, "section %" PRIu32 " has an invalid name", i);
         s->offset = rd64(e + 16);
         s->nbytes = rd64(e + 24);
         memcpy(s->sha256, e + 32, 32);
@@ -273,7 +274,7 @@ static int parse_tables(ple_desc *d, const uint8_t *p, const uint8_t *end, char 
         if (end - p < TABLE_DESC) return ple_fail(err, "model description is truncated (tables)");
         uint64_t rows = rd64(p + 16);
         if (name_field(t->name, p, 16) || rows == 0 || rows > MAX_DIM)
-            return ple_fail(err, "model description: table %u is invalid", i);
+            return ple_fail(err, "model description: table %" PRIu32 " is invalid", i);
         t->rows = (uint32_t)rows;
         t->record_bytes = rd32(p + 24);
         t->stride = rd32(p + 28);
@@ -286,7 +287,7 @@ static int parse_tables(ple_desc *d, const uint8_t *p, const uint8_t *end, char 
         uint64_t pos = 0;
         for (uint32_t k = 0; k < t->n_parts; k++, p += PART_DESC) {
             ple_part *q = &t->parts[k];
-            if (name_field(q->name, p, 16)) return ple_fail(err, "model description: table '%s' part %u name", t->name, k);
+            if (name_field(q->name, p, 16)) return ple_fail(err, "model description: table '%s' part %" PRIu32 " name", t->name, k);
             q->dtype = p[16];
             q->group = rd32(p + 20);
             q->length = rd32(p + 24);
@@ -384,11 +385,11 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
         uint32_t layer = p[0] | (uint32_t)p[1] << 8, suffix = p[2] | (uint32_t)p[3] << 8;
         const char *sfx = suffix < n_strings ? (const char *)strings + suffix : "";
         int len = layer == NO_LAYER ? snprintf(t->name, sizeof t->name, "%s", sfx)
-                                    : snprintf(t->name, sizeof t->name, "layers.%u.%s", layer, sfx);
+                                    : snprintf(t->name, sizeof t->name, "layers.%" PRIu32 ".%s", layer, sfx);
         int printable = *sfx != 0;
         for (const char *c = sfx; *c && printable; c++) printable = *c > 0x20 && *c < 0x7f;
         if (!printable || len < 0 || len >= (int)sizeof t->name || (layer != NO_LAYER && layer >= d->layers))
-            return ple_fail(err, "model description: tensor %u has an invalid name", i);
+            return ple_fail(err, "model description: tensor %" PRIu32 " has an invalid name", i);
         t->dtype = p[4];
         t->ndim = p[5];
         t->group = rd32(p + 8);

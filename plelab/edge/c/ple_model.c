@@ -11,7 +11,9 @@
  * horizontal reduction; per-row overhead, not arithmetic, was what kept a 96-wide head slow.
  */
 #include "ple.h"
+#include "ple_kernels.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,19 @@
 #define ALIGN 64
 #define N_SCRATCH 22 /* float buffers of maxdim values in the arena (ple_open's bufs) */
 #define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
+#define KROWS 256 /* rows an integer product hands its kernel at once (and a thread's share at least) */
+#if defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_PORTABLE && !defined(PLE_SCALAR)
+#define PLE_SCALAR /* PORTABLE: the float products are the plain C99 loops too */
+#endif
+/* Cortex-M: GCC lowers the eight-float vectors below to scalar code with extra moves (no float SIMD on the M7;
+ * MVE's four lanes on the M55), and the plain loops take ~37% fewer instructions (benchmarks/bench_mcu.py,
+ * esp32-28m fp32: 52.2 M -> 32.9 M per token on the M7, 48.9 M -> 31.1 M on the M55). -DPLE_KERNEL=PLE_KERNEL_VECTOR
+ * keeps the vectors. */
+#if defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M' && !defined(PLE_SCALAR) && \
+    !(defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_VECTOR)
+#define PLE_SCALAR
+#endif
+#define HEAD_BLOCK 16 /* head rows the greedy head skip decides on at once (ple_forward_greedy) */
 
 typedef struct {
     uint8_t dtype;
@@ -60,11 +75,28 @@ struct ple_model {
     const ple_part *ple_p, *embed_in_ple, *embed_p;
     int head_tier, ple_tier, embed_tier, kv_tier;
     uint8_t *arena_raw, *arena, *rec_ple, *rec_embed;
+    uint8_t *cursor[PLE_MAX_TIERS]; /* next free byte of each tier's region (of the one arena: cursor[0]) */
+    int work_tier;                  /* where the working buffers are */
     uint64_t arena_bytes, weight_bytes, kv_bytes, peak;
-    float *kcache, *vcache;
+    uint64_t placed[PLE_MAX_TIERS], tier_arena[PLE_MAX_TIERS]; /* see ple_tier_use */
+    uint64_t kv_arena;       /* arena bytes of the KV cache (its parts 64-byte aligned) */
+    float *kcache, *vcache;  /* float KV cache: [layer][kv head][position][head_dim] */
+    int8_t *kq, *vq;         /* int8 KV cache (opt.int8_kv): codes as kcache's values ... */
+    float *ks, *vs;          /* ... and one scale per [layer][kv head][position] */
+    double kv_pos_bytes;     /* bytes of keys and values one position adds (plan.py's kv_bytes_per_position) */
     float *x, *xn, *y, *q, *k, *v, *att, *h1, *h2, *h3, *lr, *raw, *pin, *ctx, *g, *t, *wv, *row, *xe, *xo, *probs, *acc;
     float *logits;
     uint32_t maxdim;
+    /* the activation of the next products (act / mv) */
+    const float *ax;
+    uint32_t an;
+    int a_split, a_quant;
+    float sx;
+    ple_kact ka;
+    /* the greedy head (opt.head_skip): mean row, rows by descending key, each block's key; rows computed / run */
+    float *head_mean, *head_key;
+    uint32_t *head_perm;
+    uint64_t head_rows, head_total;
     /* traffic */
     int n_tiers;
     ple_tier tiers[PLE_MAX_TIERS];
@@ -74,21 +106,7 @@ struct ple_model {
 
 /* ---- scalar helpers --------------------------------------------------------------------------------- */
 
-static inline float f16(const uint8_t *p) {
-#ifdef __F16C__
-    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
-#else
-    uint32_t h = p[0] | (uint32_t)p[1] << 8, s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
-    if (e == 0) {
-        float f = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24, exact */
-        return s ? -f : f;
-    }
-    u = e == 31 ? s | 0x7f800000u | mant << 13 : s | (e + 112) << 23 | mant << 13;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
+static inline float f16(const uint8_t *p) { return ple_f16(p); }
 
 static int nib(uint8_t b, int high) { return ((high ? b >> 4 : b & 15) ^ 8) - 8; }
 
@@ -122,12 +140,24 @@ static void row_ptrs(const qmat *w, uint32_t r, const uint8_t **codes, const uin
     }
 }
 
-/* Row r (or the whole vector when rows == 1) as floats. */
+/* Row r (or the whole vector when rows == 1) as floats. Integer codes a group at a time: one scale conversion
+ * per group, not per value (the PLE record every token, the whole head when the greedy head is indexed). */
 static void deq_row(const qmat *w, uint32_t r, float *out) {
     const uint8_t *c, *s;
     uint64_t e0;
     row_ptrs(w, r, &c, &s, &e0);
-    for (uint32_t i = 0; i < w->cols; i++) out[i] = value_at(w, c, s, e0 + i);
+    if (w->dtype != PLE_INT8 && w->dtype != PLE_INT4) {
+        for (uint32_t i = 0; i < w->cols; i++) out[i] = value_at(w, c, s, e0 + i);
+        return;
+    }
+    for (uint64_t e = e0, end = e0 + w->cols; e < end;) {
+        uint64_t g = e / w->group, b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
+        float scale = f16(s + 2 * g);
+        if (w->dtype == PLE_INT8)
+            for (; e < b; e++) out[e - e0] = (float)(int8_t)c[e] * scale;
+        else
+            for (; e < b; e++) out[e - e0] = (float)nib(c[e / 2], (int)(e & 1)) * scale;
+    }
 }
 
 /* ---- dot products ----------------------------------------------------------------------------------- */
@@ -440,19 +470,9 @@ static inline float dot_row(const qmat *w, uint32_t r, const float *x, const flo
     return sum;
 }
 
-/* out = W x for W (rows x cols); xe / xo are scratch for the int4 split of x. */
-static void matvec(float *out, const qmat *w, const float *x, float *xe, float *xo) {
-    const float *pe = NULL, *po = NULL;
-    float sx = 0;
-    if (w->dtype == PLE_INT4 && w->cols % 2 == 0) {
-        for (uint32_t j = 0; j < w->cols / 2; j++) {
-            xe[j] = x[2 * j];
-            xo[j] = x[2 * j + 1];
-            sx += x[2 * j] + x[2 * j + 1];
-        }
-        pe = xe;
-        po = xo;
-    }
+/* out = W x for W (rows x cols), float activations; pe / po: the int4 split of x (NULL unless W is int4 with even
+ * cols), sx: the sum of x. */
+static void matvec(float *out, const qmat *w, const float *x, const float *pe, const float *po, float sx) {
     long rows = (long)w->rows;
     int packed = !w->table || !w->table->page; /* rows a fixed stride apart */
     if (packed && (w->dtype == PLE_FP32 || (w->table && pe && w->cols <= w->group))) {
@@ -490,6 +510,66 @@ static void matvec(float *out, const qmat *w, const float *x, float *xe, float *
 #pragma omp parallel for schedule(static) if ((uint64_t)w->rows * w->cols >= PAR_MIN_WORK)
 #endif
     for (long r = 0; r < rows; r++) out[r] = dot_row(w, (uint32_t)r, x, pe, po, sx);
+}
+
+/* ---- the activation of the next products, float or int8 ---------------------------------------------------- */
+
+/* x (n values) is the input of the products that follow, until the next act(). What a product needs of it is made
+ * once, when the first product needs it: the int4 even / odd split and sum (float path), or the int8 codes. */
+static void act(ple_model *m, const float *x, uint32_t n) {
+    m->ax = x;
+    m->an = n;
+    m->a_split = m->a_quant = 0;
+}
+
+/* out = W x for the current activation x: int8 codes times the stored integers when the model runs integer
+ * activations (opt.int8_act) and W is int8 / int4, else the float kernels above. */
+static void mv(ple_model *m, float *out, const qmat *w) {
+    if (m->opt.int8_act && (w->dtype == PLE_INT8 || w->dtype == PLE_INT4)) {
+        if (!m->a_quant) ple_kact_quantize(&m->ka, m->ax, m->an);
+        m->a_quant = 1;
+        ple_kact_prepare(&m->ka, w->dtype);
+        const ple_kact *a = &m->ka;
+        /* blocks of rows (the threads' shares with OpenMP): the dense and tied-head kernels walk rows without a
+         * division or pointer computation per row; a paged table goes row by row */
+        long rows = (long)w->rows, blocks = (rows + KROWS - 1) / KROWS;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if ((uint64_t)w->rows * w->cols >= PAR_MIN_WORK)
+#endif
+        for (long b = 0; b < blocks; b++) {
+            uint32_t r0 = (uint32_t)(b * KROWS), r1 = r0 + KROWS < w->rows ? r0 + KROWS : w->rows;
+            if (!w->table) {
+                ple_kdot_dense(out + r0, w->dtype, w->codes, w->scales, w->group, r0, r1, w->cols, a);
+            } else if (!w->table->page && w->cols <= w->group) {
+                size_t stride = w->table->stride;
+                ple_kdot_rows(out + r0, w->dtype, w->codes + r0 * stride, w->scales + r0 * stride, stride, r1 - r0,
+                              w->cols, a);
+            } else {
+                for (uint32_t r = r0; r < r1; r++) {
+                    const uint8_t *c, *sc;
+                    uint64_t e0;
+                    row_ptrs(w, r, &c, &sc, &e0);
+                    out[r] = ple_kdot(w->dtype, c, sc, w->group, e0, w->cols, a);
+                }
+            }
+        }
+        return;
+    }
+    if (w->dtype != PLE_INT4 || w->cols % 2) {
+        matvec(out, w, m->ax, NULL, NULL, 0);
+        return;
+    }
+    if (!m->a_split) {
+        float sx = 0;
+        for (uint32_t j = 0; j < m->an / 2; j++) {
+            m->xe[j] = m->ax[2 * j];
+            m->xo[j] = m->ax[2 * j + 1];
+            sx += m->ax[2 * j] + m->ax[2 * j + 1];
+        }
+        m->sx = sx;
+        m->a_split = 1;
+    }
+    matvec(out, w, m->ax, m->xe, m->xo, m->sx);
 }
 
 /* ---- elementwise -------------------------------------------------------------------------------------- */
@@ -574,14 +654,14 @@ static int bind_swiglu(ple_model *m, qmat *w3, const placed *pl, const char *pre
 static int bind_moe(ple_model *m, layer_w *l, uint32_t i, const placed *pl, char *err) {
     const ple_desc *d = &m->d;
     char n[96];
-    snprintf(n, sizeof n, "layers.%u.mlp.router.weight", i);
+    snprintf(n, sizeof n, "layers.%" PRIu32 ".mlp.router.weight", i);
     if (bind(m, &l->router, pl, n, 0, d->experts, d->hidden, 0, err)) return -1;
     l->experts = m->expert_mats + (uint64_t)i * 3 * d->experts;
     for (uint32_t e = 0; e < d->experts; e++) {
-        snprintf(n, sizeof n, "layers.%u.mlp.experts.%u.", i, e);
+        snprintf(n, sizeof n, "layers.%" PRIu32 ".mlp.experts.%" PRIu32 ".", i, e);
         if (bind_swiglu(m, l->experts + 3 * e, pl, n, err)) return -1;
     }
-    snprintf(n, sizeof n, "layers.%u.mlp.shared_", i);
+    snprintf(n, sizeof n, "layers.%" PRIu32 ".mlp.shared_", i);
     return (d->flags & PLE_SHARED_EXPERT) ? bind_swiglu(m, l->shared, pl, n, err) : 0;
 }
 
@@ -595,42 +675,42 @@ static int bind_layers(ple_model *m, const placed *pl, char *err) {
         l->slot = -1;
         for (uint32_t s = 0; s < d->n_ple_layers; s++)
             if (d->ple_layers[s] == i) l->slot = (int)s;
-        if (bind_vec(m, &l->in_norm, pl, NAME("layers.%u.input_layernorm.weight", i), H, err) ||
-            bind_vec(m, &l->post_norm, pl, NAME("layers.%u.post_attention_layernorm.weight", i), H, err) ||
-            bind(m, &l->q, pl, NAME("layers.%u.self_attn.q_proj.weight", i), 0, qd, H, 0, err) ||
-            bind(m, &l->k, pl, NAME("layers.%u.self_attn.k_proj.weight", i), 0, kd, H, 0, err) ||
-            bind(m, &l->v, pl, NAME("layers.%u.self_attn.v_proj.weight", i), 0, kd, H, 0, err) ||
-            bind(m, &l->o, pl, NAME("layers.%u.self_attn.o_proj.weight", i), 0, H, qd, 0, err) ||
-            (d->ffn_kind != PLE_MOE && bind(m, &l->down, pl, NAME("layers.%u.mlp.down_proj.weight", i), 0, H, I, 0, err)))
+        if (bind_vec(m, &l->in_norm, pl, NAME("layers.%" PRIu32 ".input_layernorm.weight", i), H, err) ||
+            bind_vec(m, &l->post_norm, pl, NAME("layers.%" PRIu32 ".post_attention_layernorm.weight", i), H, err) ||
+            bind(m, &l->q, pl, NAME("layers.%" PRIu32 ".self_attn.q_proj.weight", i), 0, qd, H, 0, err) ||
+            bind(m, &l->k, pl, NAME("layers.%" PRIu32 ".self_attn.k_proj.weight", i), 0, kd, H, 0, err) ||
+            bind(m, &l->v, pl, NAME("layers.%" PRIu32 ".self_attn.v_proj.weight", i), 0, kd, H, 0, err) ||
+            bind(m, &l->o, pl, NAME("layers.%" PRIu32 ".self_attn.o_proj.weight", i), 0, H, qd, 0, err) ||
+            (d->ffn_kind != PLE_MOE && bind(m, &l->down, pl, NAME("layers.%" PRIu32 ".mlp.down_proj.weight", i), 0, H, I, 0, err)))
             return -1;
         if (d->ffn_kind == PLE_MOE && bind_moe(m, l, i, pl, err)) return -1;
         if (d->ffn_kind == PLE_SWIGLU &&
-            (bind(m, &l->gate, pl, NAME("layers.%u.mlp.gate_proj.weight", i), 0, I, H, 0, err) ||
-             bind(m, &l->up, pl, NAME("layers.%u.mlp.up_proj.weight", i), 0, I, H, 0, err)))
+            (bind(m, &l->gate, pl, NAME("layers.%" PRIu32 ".mlp.gate_proj.weight", i), 0, I, H, 0, err) ||
+             bind(m, &l->up, pl, NAME("layers.%" PRIu32 ".mlp.up_proj.weight", i), 0, I, H, 0, err)))
             return -1;
         if (d->ffn_kind == PLE_MGLU &&
-            (bind(m, &l->w, pl, NAME("layers.%u.mlp.weight", i), 0, I, H, 0, err) ||
-             bind(m, &l->mask, pl, NAME("layers.%u.mlp.mask_logits", i), 1, d->mask_count, I, H, err)))
+            (bind(m, &l->w, pl, NAME("layers.%" PRIu32 ".mlp.weight", i), 0, I, H, 0, err) ||
+             bind(m, &l->mask, pl, NAME("layers.%" PRIu32 ".mlp.mask_logits", i), 1, d->mask_count, I, H, err)))
             return -1;
         if (d->ffn_kind == PLE_MGLU) { /* the bits past the last mask element must be zero (as written) */
             uint64_t bits = (uint64_t)d->mask_count * I * H;
             if (bits % 8 && (l->mask.codes[bits / 8] & ((1u << (8 - bits % 8)) - 1)))
-                return ple_fail(err, "layer %u's MGLU mask has bits set past its end (corrupt mask)", i);
+                return ple_fail(err, "layer %" PRIu32 "'s MGLU mask has bits set past its end (corrupt mask)", i);
         }
         if (d->ffn_kind == PLE_LOWRANK &&
-            (bind(m, &l->ga, pl, NAME("layers.%u.mlp.gate_proj_a.weight", i), 0, d->rank, H, 0, err) ||
-             bind(m, &l->gb, pl, NAME("layers.%u.mlp.gate_proj_b.weight", i), 0, I, d->rank, 0, err) ||
-             bind(m, &l->ua, pl, NAME("layers.%u.mlp.up_proj_a.weight", i), 0, d->rank, H, 0, err) ||
-             bind(m, &l->ub, pl, NAME("layers.%u.mlp.up_proj_b.weight", i), 0, I, d->rank, 0, err)))
+            (bind(m, &l->ga, pl, NAME("layers.%" PRIu32 ".mlp.gate_proj_a.weight", i), 0, d->rank, H, 0, err) ||
+             bind(m, &l->gb, pl, NAME("layers.%" PRIu32 ".mlp.gate_proj_b.weight", i), 0, I, d->rank, 0, err) ||
+             bind(m, &l->ua, pl, NAME("layers.%" PRIu32 ".mlp.up_proj_a.weight", i), 0, d->rank, H, 0, err) ||
+             bind(m, &l->ub, pl, NAME("layers.%" PRIu32 ".mlp.up_proj_b.weight", i), 0, I, d->rank, 0, err)))
             return -1;
         if (l->slot < 0) continue;
         if (d->gate == PLE_GATE_INPUT
-                ? bind(m, &l->ple_gate, pl, NAME("layers.%u.ple.per_layer_input_gate.weight", i), 0, P, H, 0, err)
-                : bind_vec(m, &l->ple_gate, pl, NAME("layers.%u.ple.gate", i), d->gate == PLE_GATE_SCALAR ? 1 : P, err))
+                ? bind(m, &l->ple_gate, pl, NAME("layers.%" PRIu32 ".ple.per_layer_input_gate.weight", i), 0, P, H, 0, err)
+                : bind_vec(m, &l->ple_gate, pl, NAME("layers.%" PRIu32 ".ple.gate", i), d->gate == PLE_GATE_SCALAR ? 1 : P, err))
             return -1;
-        if (bind(m, &l->ple_proj, pl, NAME("layers.%u.ple.per_layer_projection.weight", i), 0, H, P, 0, err) ||
+        if (bind(m, &l->ple_proj, pl, NAME("layers.%" PRIu32 ".ple.per_layer_projection.weight", i), 0, H, P, 0, err) ||
             ((d->flags & PLE_OUTPUT_NORM) &&
-             bind_vec(m, &l->ple_norm, pl, NAME("layers.%u.ple.post_per_layer_input_norm.weight", i), H, err)))
+             bind_vec(m, &l->ple_norm, pl, NAME("layers.%" PRIu32 ".ple.post_per_layer_input_norm.weight", i), H, err)))
             return -1;
     }
 #undef NAME
@@ -647,7 +727,7 @@ static int bind_layers(ple_model *m, const placed *pl, char *err) {
 /* ---- tables -------------------------------------------------------------------------------------------- */
 
 static int check_part(const ple_table *t, const ple_part *p, uint32_t length, char *err) {
-    if (!p || p->length != length) return ple_fail(err, "row table '%s' lacks a part of %u values", t->name, length);
+    if (!p || p->length != length) return ple_fail(err, "row table '%s' lacks a part of %" PRIu32 " values", t->name, length);
     if (p->dtype == PLE_FP32 && (p->codes % 4 || t->stride % 4))
         return ple_fail(err, "row table '%s': fp32 records must be 4-byte aligned (re-export with --align 4)", t->name);
     return 0;
@@ -711,6 +791,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         it->stored = it->per_token = t->codes_bytes + t->scales_bytes;
         it->reads = 1;
         it->resident = 1;
+        it->tier = -1; /* unplaced (calloc's 0 would read as the first tier, skipping its capacity check) */
         it->density = 1.0;
         if (strstr(t->name, ".mlp.experts.")) { /* tallied per routed token; placed by top_k / E like plan.py */
             it->per_token = it->reads = 0;
@@ -773,15 +854,28 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
             }
         }
         free(idx);
-        if (first) {
-            int rc = ple_fail(err, "the model does not fit %s: %s and %llu more bytes of weights + KV cache find no room "
-                               "in RAM (see plelab plan)", dev->name, first, (unsigned long long)missing);
+        if (first) { /* one line: what RAM the model needs, what the device has, what did not go in */
+            uint64_t need_ram = 0, ram = 0;
+            char tiers[160] = "";
+            for (uint32_t k = 0; k < count; k++) need_ram += its[k].resident ? its[k].stored : 0;
+            for (int t = 0, k = 0; t < dev->n_tiers; t++)
+                if (!dev->tiers[t].storage) {
+                    ram += dev->tiers[t].capacity;
+                    if (k < (int)sizeof tiers)
+                        k += snprintf(tiers + k, sizeof tiers - (size_t)k, "%s%s %llu", k ? " + " : "",
+                                      dev->tiers[t].name, (unsigned long long)dev->tiers[t].capacity);
+                }
+            int rc = ple_fail(err, "the model does not fit %s: weights + KV cache need %llu bytes of RAM, %llu available "
+                              "(%s); %s and %llu more bytes find no room (see plelab plan)", dev->name,
+                              (unsigned long long)need_ram, (unsigned long long)ram, tiers, first,
+                              (unsigned long long)missing);
             free(its);
             return rc;
         }
     }
     for (uint32_t i = 0, t = 0; i < count; i++) {
         const item *it = &its[i];
+        if (it->resident) m->placed[it->tier] += it->stored;
         if (t < d->n_tensors && !strcmp(it->name, d->tensors[t].name)) m->tensor_tier[t++] = it->tier;
         if (!strcmp(it->name, "table:ple")) m->ple_tier = it->tier;
         else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
@@ -804,6 +898,8 @@ static void tally(ple_model *m, int tier, double nbytes, double reads) {
     m->reads[tier] += reads;
 }
 
+static void head_index(ple_model *m);
+
 /* ---- open / close -------------------------------------------------------------------------------------- */
 
 /* Transparent huge pages for the arena where Linux gives them on request: the head is streamed whole every
@@ -825,6 +921,81 @@ const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row) {
     return buf;
 }
 
+/* Bytes of the working buffers: scratch vectors, logits, record buffers (always in one piece). */
+static uint64_t work_bytes(const ple_model *m) {
+    const ple_desc *d = &m->d;
+    uint64_t n = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab) +
+                 (m->opt.int8_act ? up64(ple_kact_bytes(m->maxdim)) : 0) +
+                 (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
+    if (m->opt.head_skip) /* the head's mean row, block keys, row order */
+        n += up64(4 * (uint64_t)d->hidden) + up64(4 * (((uint64_t)d->vocab + HEAD_BLOCK - 1) / HEAD_BLOCK)) +
+             up64(4 * (uint64_t)d->vocab);
+    return n;
+}
+
+/* The next `n` bytes (64-byte aligned) of tier t's memory: its region, or the one malloc'ed arena. */
+static uint8_t *carve(ple_model *m, int t, uint64_t n) {
+    uint8_t *p = m->cursor[m->opt.regions ? t : 0];
+    m->cursor[m->opt.regions ? t : 0] += up64(n);
+    m->tier_arena[t] += up64(n);
+    return p;
+}
+
+/* Size the arena per tier (with regions: check each against its region) and point the cursors at it. */
+static int make_arena(ple_model *m, int map, int tied, char *err) {
+    const ple_desc *d = &m->d;
+    uint64_t need[PLE_MAX_TIERS] = {0};
+    if (!map) {
+        for (uint32_t i = 0; i < d->n_tensors; i++)
+            need[m->tensor_tier[i]] += up64(d->tensors[i].codes_bytes) + up64(d->tensors[i].scales_bytes);
+        if (tied) need[m->embed_tier] += up64(m->embed_t->section->nbytes);
+    }
+    need[m->kv_tier] += m->kv_arena;
+    uint64_t work = work_bytes(m), total = work;
+    for (int t = 0; t < m->n_tiers; t++) total += need[t];
+    m->arena_bytes = total;
+    const ple_region *reg = m->opt.regions;
+    if (!reg) {
+        if ((m->opt.max_arena && total > m->opt.max_arena) || total > ((uint64_t)1 << 40) ||
+            (uint64_t)(size_t)(total + ALIGN) != total + ALIGN)
+            return ple_fail(err, "the model needs an arena of %llu bytes, %llu available", (unsigned long long)total,
+                            (unsigned long long)(m->opt.max_arena ? m->opt.max_arena : (uint64_t)SIZE_MAX));
+        m->work_tier = m->kv_tier;
+        m->arena_raw = calloc(1, (size_t)(total + ALIGN));
+        if (!m->arena_raw)
+            return ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)total);
+        m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
+        advise_huge(m->arena_raw, (size_t)(total + ALIGN));
+        m->cursor[0] = m->arena;
+        return 0;
+    }
+    uint64_t avail[PLE_MAX_TIERS] = {0};
+    for (int t = 0; t < m->n_tiers; t++) {
+        uint64_t skip = (ALIGN - (uintptr_t)reg[t].base % ALIGN) % ALIGN;
+        avail[t] = m->tiers[t].storage || reg[t].bytes < skip ? 0 : reg[t].bytes - skip;
+        m->cursor[t] = (uint8_t *)reg[t].base + skip;
+    }
+    for (int t = 0; t < m->n_tiers; t++)
+        if (need[t] > avail[t])
+            return ple_fail(err, "the model needs %llu bytes of %s (weights + KV cache %llu, alignment %llu), "
+                            "the %s region has %llu", (unsigned long long)need[t], m->tiers[t].name,
+                            (unsigned long long)m->placed[t], (unsigned long long)(need[t] - m->placed[t]),
+                            m->tiers[t].name, (unsigned long long)avail[t]);
+    m->work_tier = -1;
+    for (int t = 0; t < m->n_tiers && m->work_tier < 0; t++)
+        if (!m->tiers[t].storage && need[t] + work <= avail[t]) m->work_tier = t;
+    if (m->work_tier < 0) {
+        char free_list[160] = "";
+        for (int t = 0, k = 0; t < m->n_tiers; t++)
+            if (!m->tiers[t].storage && k < (int)sizeof free_list)
+                k += snprintf(free_list + k, sizeof free_list - (size_t)k, "%s%s %llu", k ? ", " : "", m->tiers[t].name,
+                              (unsigned long long)(avail[t] - need[t]));
+        return ple_fail(err, "the model needs %llu bytes of working buffers in one region, free: %s",
+                        (unsigned long long)work, free_list);
+    }
+    return 0;
+}
+
 int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err) {
     *out = NULL;
     ple_model *m = calloc(1, sizeof *m);
@@ -839,7 +1010,11 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     const ple_desc *d = &m->d;
     if (opt->verify && ple_verify(st, d, opt->verify > 1, err)) goto fail;
     if (check_tables(m, err)) goto fail;
-    /* arena: weights that are not mapped, KV cache, scratch, record buffers */
+    if (opt->regions && !opt->device) {
+        ple_fail(err, "memory regions need a device profile (its tiers say which region is which)");
+        goto fail;
+    }
+    /* arena: weights that are not mapped, KV cache, scratch, record buffers, each in its placed tier */
     int map = opt->map_weights && st->map(st, 0, 1) != NULL;
     const ple_section *ts = ple_find_section(d, "tensors");
     uint64_t weights = 0;
@@ -847,38 +1022,33 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     int tied = (d->flags & PLE_TIE) != 0;
     if (tied) weights += m->embed_t->section->nbytes;
     m->weight_bytes = weights;
-    uint64_t weight_arena = 0;
-    if (!map) {
-        for (uint32_t i = 0; i < d->n_tensors; i++)
-            weight_arena += up64(d->tensors[i].codes_bytes) + up64(d->tensors[i].scales_bytes);
-        if (tied) weight_arena += up64(m->embed_t->section->nbytes);
-    }
-    uint64_t kv_floats = (uint64_t)d->layers * d->kv_heads * d->head_dim * d->max_seq;
-    m->kv_bytes = 2 * kv_floats * 4;
+    uint64_t kv_vectors = (uint64_t)d->layers * d->kv_heads * d->max_seq, kv_values = kv_vectors * d->head_dim;
+    m->kv_bytes = opt->int8_kv ? 2 * (kv_values + 4 * kv_vectors) : 2 * kv_values * 4;
+    m->kv_pos_bytes = 2.0 * d->layers * d->kv_heads * (opt->int8_kv ? d->head_dim + 4.0 : 4.0 * d->head_dim);
+    m->kv_arena = opt->int8_kv ? 2 * (up64(kv_values) + up64(4 * kv_vectors)) : up64(m->kv_bytes);
     uint32_t dims[] = {d->hidden, d->heads * d->head_dim, d->inter, d->rank, d->n_ple_layers * d->ple_dim,
                        d->max_seq, d->experts, 2};
     m->maxdim = 0;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > m->maxdim) m->maxdim = dims[i];
-    uint64_t scratch = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab);
-    uint64_t recs = (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
-    m->arena_bytes = weight_arena + up64(m->kv_bytes) + scratch + recs;
-    if ((opt->max_arena && m->arena_bytes > opt->max_arena) || m->arena_bytes > ((uint64_t)1 << 40) || (uint64_t)(size_t)(m->arena_bytes + ALIGN) != m->arena_bytes + ALIGN) {
-        ple_fail(err, "the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
-        goto fail;
+    if (opt->head_skip) {
+        const ple_tensor *lm = find_tensor(d, "lm_head.weight");
+        int head_dtype = tied ? m->embed_p->dtype : lm ? lm->dtype : -1;
+        if (!opt->int8_act || (head_dtype != PLE_INT8 && head_dtype != PLE_INT4)) {
+            ple_fail(err, "the greedy head skip needs int8 activations and an int8 or int4 head");
+            goto fail;
+        }
     }
     m->L = calloc(d->layers, sizeof(layer_w));
     m->expert_mats = calloc((size_t)d->layers * 3 * d->experts + 1, sizeof(qmat));
     m->tensor_tier = calloc((size_t)d->n_tensors + 1, sizeof(int));
-    pl = calloc(d->n_tensors, sizeof(placed));
-    m->arena_raw = calloc(1, (size_t)(m->arena_bytes + ALIGN));
-    if (!m->L || !m->expert_mats || !m->tensor_tier || !pl || !m->arena_raw) {
-        ple_fail(err, "out of memory: the model needs an arena of %llu bytes", (unsigned long long)m->arena_bytes);
+    pl = calloc(d->n_tensors + 1, sizeof(placed));
+    if (!m->L || !m->expert_mats || !m->tensor_tier || !pl) {
+        ple_fail(err, "out of memory for the model description (%" PRIu32 " layers, %" PRIu32 " tensors)", d->layers,
+                 d->n_tensors);
         goto fail;
     }
-    m->arena = m->arena_raw + (ALIGN - (uintptr_t)m->arena_raw % ALIGN) % ALIGN;
-    advise_huge(m->arena_raw, (size_t)(m->arena_bytes + ALIGN));
-    uint8_t *p = m->arena;
+    if (place(m, m->kv_bytes, err) || make_arena(m, map, tied, err)) goto fail;
     /* the storage's "call for dense tensors": each tensor's codes and scales, mapped or copied in */
     for (uint32_t i = 0; i < d->n_tensors; i++) {
         const ple_tensor *t = &d->tensors[i];
@@ -887,12 +1057,12 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
             pl[i].codes = st->map(st, base + t->codes, (size_t)t->codes_bytes);
             pl[i].scales = st->map(st, base + t->scales, (size_t)t->scales_bytes);
         } else {
-            pl[i].codes = p;
-            if (st->read(st, base + t->codes, p, (size_t)t->codes_bytes)) goto read_error;
-            p += up64(t->codes_bytes);
-            pl[i].scales = p;
-            if (st->read(st, base + t->scales, p, (size_t)t->scales_bytes)) goto read_error;
-            p += up64(t->scales_bytes);
+            uint8_t *c = carve(m, m->tensor_tier[i], t->codes_bytes), *s = carve(m, m->tensor_tier[i], t->scales_bytes);
+            if (st->read(st, base + t->codes, c, (size_t)t->codes_bytes) ||
+                st->read(st, base + t->scales, s, (size_t)t->scales_bytes))
+                goto read_error;
+            pl[i].codes = c;
+            pl[i].scales = s;
         }
         if (!pl[i].codes || !pl[i].scales) goto read_error;
     }
@@ -902,9 +1072,9 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         if (map) {
             rows = st->map(st, es->offset, (size_t)es->nbytes);
         } else {
+            uint8_t *p = carve(m, m->embed_tier, es->nbytes);
             if (st->read(st, es->offset, p, (size_t)es->nbytes)) goto read_error;
             rows = p;
-            p += up64(es->nbytes);
         }
         if (!rows) goto read_error;
         m->head = (qmat){m->embed_p->dtype, m->embed_p->group, d->vocab, d->hidden, rows + m->embed_p->codes,
@@ -915,9 +1085,17 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         }
     }
     if (bind_layers(m, pl, err)) goto fail;
-    m->kcache = (float *)(void *)p;
-    m->vcache = m->kcache + kv_floats;
-    p += up64(m->kv_bytes);
+    uint8_t *kv = carve(m, m->kv_tier, m->kv_arena);
+    if (opt->int8_kv) {
+        m->kq = (int8_t *)kv;
+        m->vq = (int8_t *)kv + up64(kv_values);
+        m->ks = (float *)(void *)(kv + 2 * up64(kv_values));
+        m->vs = m->ks + up64(4 * kv_vectors) / 4;
+    } else {
+        m->kcache = (float *)(void *)kv;
+        m->vcache = m->kcache + kv_values;
+    }
+    uint8_t *p = carve(m, m->work_tier, work_bytes(m));
     float **bufs[] = {&m->x, &m->xn, &m->y, &m->q, &m->k, &m->v, &m->att, &m->h1, &m->h2, &m->h3,
                       &m->lr, &m->raw, &m->pin, &m->ctx, &m->g, &m->t, &m->wv, &m->row, &m->xe, &m->xo,
                       &m->probs, &m->acc};
@@ -928,19 +1106,28 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     }
     m->logits = (float *)(void *)p;
     p += up64(4 * (uint64_t)d->vocab);
+    if (opt->int8_act) {
+        ple_kact_init(&m->ka, p, m->maxdim);
+        p += up64(ple_kact_bytes(m->maxdim));
+    }
+    if (opt->head_skip) {
+        m->head_mean = (float *)(void *)p;
+        p += up64(4 * (uint64_t)d->hidden);
+        m->head_key = (float *)(void *)p;
+        p += up64(4 * (((uint64_t)d->vocab + HEAD_BLOCK - 1) / HEAD_BLOCK));
+        m->head_perm = (uint32_t *)(void *)p;
+        p += up64(4 * (uint64_t)d->vocab);
+    }
     if (m->ple_t) {
         m->rec_ple = p;
         p += up64(m->ple_t->record_bytes);
     }
-    if (m->embed_t) {
-        m->rec_embed = p;
-        p += up64(m->embed_t->record_bytes);
-    }
-    if (place(m, m->kv_bytes, err)) goto fail;
+    if (m->embed_t) m->rec_embed = p;
+    if (opt->head_skip) head_index(m);
     free(pl);
-    m->peak = m->arena_bytes + ALIGN + sizeof *m + d->layers * sizeof(layer_w) + d->n_tensors * sizeof(ple_tensor) +
-              (d->n_ple_layers + 1) * sizeof(uint32_t) + ((uint64_t)d->layers * 3 * d->experts + 1) * sizeof(qmat) +
-              (d->n_tensors + 1) * sizeof(int);
+    m->peak = (opt->regions ? 0 : m->arena_bytes + ALIGN) + sizeof *m + d->layers * sizeof(layer_w) +
+              d->n_tensors * sizeof(ple_tensor) + (d->n_ple_layers + 1) * sizeof(uint32_t) +
+              ((uint64_t)d->layers * 3 * d->experts + 1) * sizeof(qmat) + (d->n_tensors + 1) * sizeof(int);
     *out = m;
     return 0;
 read_error:
@@ -966,24 +1153,32 @@ void ple_close(ple_model *m) {
 static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t pos) {
     const ple_desc *d = &m->d;
     uint32_t hd = d->head_dim, kvh = d->kv_heads, rep = d->heads / kvh;
-    matvec(m->q, &l->q, m->xn, m->xe, m->xo);
-    matvec(m->k, &l->k, m->xn, m->xe, m->xo);
-    matvec(m->v, &l->v, m->xn, m->xe, m->xo);
+    act(m, m->xn, d->hidden);
+    mv(m, m->q, &l->q);
+    mv(m, m->k, &l->k);
+    mv(m, m->v, &l->v);
     rope(m->q, d->heads, hd, pos, d->theta);
     rope(m->k, kvh, hd, pos, d->theta);
-    uint64_t lbase = (uint64_t)layer * kvh * d->max_seq * hd;
+    uint64_t vbase = (uint64_t)layer * kvh * d->max_seq; /* head vectors before this layer's */
+    int q8 = m->opt.int8_kv;
     for (uint32_t h = 0; h < kvh; h++) {
-        memcpy(m->kcache + lbase + ((uint64_t)h * d->max_seq + pos) * hd, m->k + h * hd, 4 * hd);
-        memcpy(m->vcache + lbase + ((uint64_t)h * d->max_seq + pos) * hd, m->v + h * hd, 4 * hd);
+        uint64_t at = vbase + (uint64_t)h * d->max_seq + pos;
+        if (q8) { /* one scale per head vector */
+            m->ks[at] = ple_quantize_i8(m->k + h * hd, hd, m->kq + at * hd);
+            m->vs[at] = ple_quantize_i8(m->v + h * hd, hd, m->vq + at * hd);
+        } else {
+            memcpy(m->kcache + at * hd, m->k + h * hd, 4 * hd);
+            memcpy(m->vcache + at * hd, m->v + h * hd, 4 * hd);
+        }
     }
     const float scale = (float)pow((double)hd, -0.5);
     for (uint32_t h = 0; h < d->heads; h++) {
-        const float *kc = m->kcache + lbase + (uint64_t)(h / rep) * d->max_seq * hd;
-        const float *vc = m->vcache + lbase + (uint64_t)(h / rep) * d->max_seq * hd;
+        uint64_t v0 = vbase + (uint64_t)(h / rep) * d->max_seq; /* this head's kv head, position 0 */
         const float *q = m->q + h * hd;
         float mx = -INFINITY, sum = 0;
         for (uint32_t t = 0; t <= pos; t++) {
-            m->att[t] = dot_f32(q, kc + (uint64_t)t * hd, hd) * scale;
+            m->att[t] = (q8 ? dot_i8(m->kq + (v0 + t) * hd, q, hd) * m->ks[v0 + t]
+                            : dot_f32(q, m->kcache + (v0 + t) * hd, hd)) * scale;
             if (m->att[t] > mx) mx = m->att[t];
         }
         for (uint32_t t = 0; t <= pos; t++) {
@@ -994,10 +1189,18 @@ static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t p
         memset(y, 0, 4 * hd);
         for (uint32_t t = 0; t <= pos; t++) {
             float w = m->att[t] / sum;
-            for (uint32_t i = 0; i < hd; i++) y[i] += w * vc[(uint64_t)t * hd + i];
+            if (q8) {
+                const int8_t *vc = m->vq + (v0 + t) * hd;
+                w *= m->vs[v0 + t];
+                for (uint32_t i = 0; i < hd; i++) y[i] += w * (float)vc[i];
+            } else {
+                const float *vc = m->vcache + (v0 + t) * hd;
+                for (uint32_t i = 0; i < hd; i++) y[i] += w * vc[i];
+            }
         }
     }
-    matvec(m->h3, &l->o, m->y, m->xe, m->xo);
+    act(m, m->y, d->heads * hd);
+    mv(m, m->h3, &l->o);
     for (uint32_t i = 0; i < d->hidden; i++) m->x[i] += m->h3[i];
 }
 
@@ -1034,15 +1237,18 @@ static void mglu(ple_model *m, const layer_w *l) {
         }
         m->h1[r] = acc;
     }
-    matvec(m->h3, &l->down, m->h1, m->xe, m->xo);
+    act(m, m->h1, I);
+    mv(m, m->h3, &l->down);
 }
 
 /* out = down(silu(gate xn) * up xn) for one SwiGLU (w3: gate, up, down); uses h1, h2. */
 static void swiglu(ple_model *m, const qmat *w3, float *out) {
-    matvec(m->h1, &w3[0], m->xn, m->xe, m->xo);
-    matvec(m->h2, &w3[1], m->xn, m->xe, m->xo);
+    act(m, m->xn, m->d.hidden);
+    mv(m, m->h1, &w3[0]);
+    mv(m, m->h2, &w3[1]);
     for (uint32_t i = 0; i < m->d.inter; i++) m->h1[i] = silu(m->h1[i]) * m->h2[i];
-    matvec(out, &w3[2], m->h1, m->xe, m->xo);
+    act(m, m->h1, m->d.inter);
+    mv(m, out, &w3[2]);
 }
 
 /* MoE: router softmax, the top_k experts (ties: lower index), their renormalised weights; only those experts
@@ -1050,7 +1256,8 @@ static void swiglu(ple_model *m, const qmat *w3, float *out) {
 static void moe(ple_model *m, const layer_w *l) {
     const ple_desc *d = &m->d;
     uint32_t E = d->experts, H = d->hidden, pick[PLE_MAX_EXPERTS];
-    matvec(m->probs, &l->router, m->xn, m->xe, m->xo);
+    act(m, m->xn, H);
+    mv(m, m->probs, &l->router);
     float mx = -INFINITY, sum = 0, kept = 0;
     for (uint32_t e = 0; e < E; e++) mx = m->probs[e] > mx ? m->probs[e] : mx;
     for (uint32_t e = 0; e < E; e++) sum += (m->probs[e] = expf(m->probs[e] - mx));
@@ -1093,16 +1300,22 @@ static void ffn(ple_model *m, const layer_w *l) {
         moe(m, l);
     } else {
         if (d->ffn_kind == PLE_SWIGLU) {
-            matvec(m->h1, &l->gate, m->xn, m->xe, m->xo);
-            matvec(m->h2, &l->up, m->xn, m->xe, m->xo);
+            act(m, m->xn, d->hidden);
+            mv(m, m->h1, &l->gate);
+            mv(m, m->h2, &l->up);
         } else {
-            matvec(m->lr, &l->ga, m->xn, m->xe, m->xo);
-            matvec(m->h1, &l->gb, m->lr, m->xe, m->xo);
-            matvec(m->lr, &l->ua, m->xn, m->xe, m->xo);
-            matvec(m->h2, &l->ub, m->lr, m->xe, m->xo);
+            act(m, m->xn, d->hidden);
+            mv(m, m->lr, &l->ga);
+            act(m, m->lr, d->rank);
+            mv(m, m->h1, &l->gb);
+            act(m, m->xn, d->hidden);
+            mv(m, m->lr, &l->ua);
+            act(m, m->lr, d->rank);
+            mv(m, m->h2, &l->ub);
         }
         for (uint32_t i = 0; i < d->inter; i++) m->h1[i] = silu(m->h1[i]) * m->h2[i];
-        matvec(m->h3, &l->down, m->h1, m->xe, m->xo);
+        act(m, m->h1, d->inter);
+        mv(m, m->h3, &l->down);
     }
     for (uint32_t i = 0; i < d->hidden; i++) m->x[i] += m->h3[i];
 }
@@ -1111,14 +1324,16 @@ static void inject(ple_model *m, const layer_w *l) {
     const ple_desc *d = &m->d;
     uint32_t P = d->ple_dim;
     if (d->gate == PLE_GATE_INPUT) {
-        matvec(m->g, &l->ple_gate, m->x, m->xe, m->xo);
+        act(m, m->x, d->hidden);
+        mv(m, m->g, &l->ple_gate);
         for (uint32_t j = 0; j < P; j++) m->g[j] = gelu_tanh(m->g[j]);
     } else {
         deq_row(&l->ple_gate, 0, m->g);
     }
     const float *p = m->pin + (uint64_t)l->slot * P;
     for (uint32_t j = 0; j < P; j++) m->t[j] = m->g[d->gate == PLE_GATE_SCALAR ? 0 : j] * p[j];
-    matvec(m->h3, &l->ple_proj, m->t, m->xe, m->xo);
+    act(m, m->t, P);
+    mv(m, m->h3, &l->ple_proj);
     if (d->flags & PLE_OUTPUT_NORM) {
         deq_row(&l->ple_norm, 0, m->wv);
         rms_norm(m->h3, m->h3, m->wv, d->hidden, d->eps);
@@ -1160,7 +1375,8 @@ static int inputs(ple_model *m, uint32_t token) {
     float ident = (float)sqrt((double)P);
     for (uint32_t j = 0; j < n; j++) m->pin[j] = m->raw[j] * ident;
     if (!(d->flags & PLE_CONTEXT)) return 0;
-    matvec(m->ctx, &m->ctx_proj, m->x, m->xe, m->xo);
+    act(m, m->x, d->hidden);
+    mv(m, m->ctx, &m->ctx_proj);
     float hs = (float)pow((double)d->hidden, -0.5), fuse = (float)pow(2.0, -0.5);
     deq_row(&m->ctx_norm, 0, m->wv);
     for (uint32_t j = 0; j < n; j++) m->ctx[j] *= hs;
@@ -1169,13 +1385,15 @@ static int inputs(ple_model *m, uint32_t token) {
     return 0;
 }
 
-const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos) {
+/* Everything up to the head: feed `token` at `pos`; the normed final state is in xn. 0, or -1 on a bad id /
+ * position or a failed record read. */
+static int body(ple_model *m, uint32_t token, uint32_t pos) {
     const ple_desc *d = &m->d;
-    if (token >= d->vocab || pos >= d->max_seq) return NULL;
+    if (token >= d->vocab || pos >= d->max_seq) return -1;
     m->tokens++;
     for (int t = 0; t < m->n_tiers; t++) tally(m, t, m->dense_bytes[t], m->dense_reads[t]);
-    tally(m, m->kv_tier, 2.0 * d->layers * d->kv_heads * d->head_dim * (pos + 1.0) * 4, 2.0 * d->layers);
-    if (inputs(m, token)) return NULL;
+    tally(m, m->kv_tier, m->kv_pos_bytes * (pos + 1.0), 2.0 * d->layers);
+    if (inputs(m, token)) return -1;
     for (uint32_t i = 0; i < d->layers; i++) {
         const layer_w *l = &m->L[i];
         deq_row(&l->in_norm, 0, m->wv);
@@ -1188,8 +1406,141 @@ const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos) {
     }
     deq_row(&m->final_norm, 0, m->wv);
     rms_norm(m->xn, m->x, m->wv, d->hidden, d->eps);
-    matvec(m->logits, &m->head, m->xn, m->xe, m->xo);
+    act(m, m->xn, d->hidden);
+    return 0;
+}
+
+const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos) {
+    if (body(m, token, pos)) return NULL;
+    mv(m, m->logits, &m->head);
+    m->head_rows += m->head.rows;
+    m->head_total += m->head.rows;
     return m->logits;
+}
+
+/* ---- the greedy head: only the rows that can still win -------------------------------------------------
+ * Every head row w_r is w_r = mu + (w_r - mu) for mu, the mean row (stored), so for the activation x (its int8
+ * codes times their scale, exactly what the products see) w_r . x <= mu . x + |w_r - mu| |x|. Rows are visited in
+ * descending order of |w_r - mu| (sorted once in ple_open, in blocks of HEAD_BLOCK): a block whose bound is below
+ * the best logit found so far cannot hold the maximum, and neither can any block after it. The computed logits
+ * are exact integer sums with a few float roundings: the stored key adds a margin for those (HEAD_EPS), so the
+ * id returned is the full head's argmax (first maximum), never an approximation. Needs int8 activations: the
+ * float kernels' rounding (biased int4 codes, vector lanes) has no such simple bound. */
+/* The relative margin: covers the float roundings of a logit (one per group, the scale products) and of the bound
+ * (a sum over cols, a square root, a product), with room to spare. */
+static float head_eps(const qmat *w) { return (float)(w->cols / w->group + w->cols + 32) * (1.0f / 8388608.0f); }
+
+/* Sift-down of a heap over perm[0..n) keyed by key[perm[i]], smallest key first out (so the sort is descending),
+ * ties by id (ascending ids after the sort). */
+static int head_before(const float *key, uint32_t a, uint32_t b) { return key[a] < key[b] || (key[a] == key[b] && a > b); }
+
+static void sift(uint32_t *perm, const float *key, uint32_t i, uint32_t n) {
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && head_before(key, perm[c + 1], perm[c])) c++;
+        if (!head_before(key, perm[c], perm[i])) return;
+        uint32_t t = perm[c];
+        perm[c] = perm[i];
+        perm[i] = t;
+        i = c;
+    }
+}
+
+/* Mean row, per-row keys |w_r - mu| (1 + eps) + eps (|w_r| + |mu|) rounded up, rows sorted by key descending, each
+ * block's key (its first row's). Uses the logits buffer for the keys. */
+static void head_index(ple_model *m) {
+    const qmat *w = &m->head;
+    uint32_t V = w->rows, H = w->cols;
+    float *key = m->logits, *row = m->row, eps = head_eps(w);
+    memset(m->head_mean, 0, 4 * (size_t)H);
+    for (uint32_t r = 0; r < V; r++) {
+        deq_row(w, r, row);
+        for (uint32_t i = 0; i < H; i++) m->head_mean[i] += row[i];
+    }
+    double mnorm = 0;
+    for (uint32_t i = 0; i < H; i++) {
+        m->head_mean[i] /= (float)V;
+        mnorm += (double)m->head_mean[i] * m->head_mean[i];
+    }
+    mnorm = sqrt(mnorm);
+    for (uint32_t r = 0; r < V; r++) {
+        deq_row(w, r, row);
+        double res = 0, norm = 0;
+        for (uint32_t i = 0; i < H; i++) {
+            double dv = (double)row[i] - m->head_mean[i];
+            res += dv * dv;
+            norm += (double)row[i] * row[i];
+        }
+        double k = sqrt(res) * (1.0 + eps) + eps * (sqrt(norm) + mnorm);
+        key[r] = (float)k;
+        if ((double)key[r] < k) key[r] = nextafterf(key[r], INFINITY);
+        m->head_perm[r] = r;
+    }
+    for (uint32_t i = V / 2; i-- > 0;) sift(m->head_perm, key, i, V);
+    for (uint32_t n = V; n-- > 1;) { /* the smallest key goes to the end: descending order */
+        uint32_t t = m->head_perm[0];
+        m->head_perm[0] = m->head_perm[n];
+        m->head_perm[n] = t;
+        sift(m->head_perm, key, 0, n);
+    }
+    for (uint32_t b = 0; b * HEAD_BLOCK < V; b++) m->head_key[b] = key[m->head_perm[b * HEAD_BLOCK]];
+}
+
+static uint32_t head_argmax(ple_model *m) {
+    const qmat *w = &m->head;
+    const ple_kact *a = &m->ka;
+    if (!m->a_quant) ple_kact_quantize(&m->ka, m->ax, m->an);
+    m->a_quant = 1;
+    ple_kact_prepare(&m->ka, w->dtype);
+    int32_t sq = 0;
+    float mx = 0;
+    for (uint32_t i = 0; i < w->cols; i++) {
+        sq += a->q[i] * a->q[i];
+        mx += m->head_mean[i] * (float)a->q[i];
+    }
+    float nx = sqrtf((float)sq) * a->scale, mux = mx * a->scale, best = -INFINITY;
+    uint32_t best_id = 0, V = w->rows, done = 0;
+    int records = w->table && !w->table->page && w->cols <= w->group; /* the tied head: one kernel call a block */
+    for (uint32_t b = 0; b * HEAD_BLOCK < V; b++) {
+        if (mux + m->head_key[b] * nx < best) break; /* sorted: no later block can win either */
+        const uint32_t *rows = m->head_perm + b * HEAD_BLOCK;
+        uint32_t count = V - b * HEAD_BLOCK < HEAD_BLOCK ? V - b * HEAD_BLOCK : HEAD_BLOCK;
+        float v[HEAD_BLOCK];
+        if (records) {
+            ple_kdot_pick(v, w->dtype, w->codes, w->scales, w->table->stride, rows, count, w->cols, a);
+        } else {
+            for (uint32_t k = 0; k < count; k++) {
+                const uint8_t *c, *sc;
+                uint64_t e0;
+                row_ptrs(w, rows[k], &c, &sc, &e0);
+                v[k] = ple_kdot(w->dtype, c, sc, w->group, e0, w->cols, a);
+            }
+        }
+        for (uint32_t k = 0; k < count; k++) {
+            uint32_t r = rows[k];
+            m->logits[r] = v[k];
+            if (v[k] > best || (v[k] == best && r < best_id)) best = v[k], best_id = r;
+        }
+        done += count;
+    }
+    m->head_rows += done;
+    m->head_total += V;
+    return best_id;
+}
+
+int64_t ple_forward_greedy(ple_model *m, uint32_t token, uint32_t pos) {
+    if (body(m, token, pos)) return -1;
+    if (m->opt.head_skip) return head_argmax(m);
+    mv(m, m->logits, &m->head);
+    m->head_rows += m->head.rows;
+    m->head_total += m->head.rows;
+    return ple_argmax(m->logits, m->head.rows);
+}
+
+void ple_model_head_rows(const ple_model *m, uint64_t *computed, uint64_t *total) {
+    *computed = m->head_rows;
+    *total = m->head_total;
 }
 
 /* ---- accessors ----------------------------------------------------------------------------------------- */
@@ -1199,6 +1550,22 @@ uint64_t ple_model_arena_bytes(const ple_model *m) { return m->arena_bytes; }
 uint64_t ple_model_weight_bytes(const ple_model *m) { return m->weight_bytes; }
 uint64_t ple_model_kv_bytes(const ple_model *m) { return m->kv_bytes; }
 uint64_t ple_model_peak_bytes(const ple_model *m) { return m->peak; }
+
+int ple_model_tier_use(const ple_model *m, ple_tier_use *out, int max) {
+    int n = 0;
+    for (int t = 0; t < m->n_tiers; t++) {
+        if (m->tiers[t].storage) continue;
+        if (n < max) {
+            ple_tier_use *u = &out[n];
+            snprintf(u->tier, sizeof u->tier, "%s", m->tiers[t].name);
+            u->placed = m->placed[t];
+            u->arena = m->tier_arena[t];
+            u->available = m->opt.regions ? m->opt.regions[t].bytes : m->tiers[t].capacity;
+        }
+        n++;
+    }
+    return n;
+}
 
 int ple_model_traffic(const ple_model *m, ple_traffic *out, int max, uint64_t *tokens) {
     for (int i = 0; i < m->n_tiers && i < max; i++) {

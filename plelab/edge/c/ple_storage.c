@@ -1,5 +1,6 @@
 /* Storage back ends: a memory buffer (portable), and on POSIX hosts a file read with pread (nothing mapped,
- * so nothing stays resident) or the whole file mapped read-only. ESP-IDF: esp-idf/ple_storage_esp.c. */
+ * so nothing stays resident) or the whole file mapped read-only. ESP-IDF: esp-idf/ple_storage_esp.c; bare
+ * metal (PLE_BARE_METAL, no file system): mcu/ple_storage_flash.c. */
 #include "ple.h"
 
 #include <stdio.h>
@@ -26,7 +27,7 @@ void ple_storage_mem(ple_storage *s, const void *buf, size_t n) {
     s->ctx = (void *)buf;
 }
 
-#if !defined(ESP_PLATFORM)
+#if !defined(ESP_PLATFORM) && !defined(PLE_BARE_METAL)
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>

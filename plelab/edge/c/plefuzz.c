@@ -2,9 +2,8 @@
  *
  *   plefuzz VALID.ple [--cases N] [--seed S]      -> one JSON line of counts on stdout
  *
- * Each case mutates a copy of a valid file (seeded bit flips, byte sets, truncations, and edits of the size,
- * offset and count fields with every checksum recomputed, so the edit reaches the model-description checks
- * rather than stopping at a CRC), opens it from memory, and when it is accepted runs two decode steps. A
+ * Each case mutates a copy of a valid file (ple_mutate.h: seeded bit flips, byte sets, truncations, and edits
+ * of the size, offset and count fields with every checksum recomputed), opens it from memory, and when it is accepted runs two decode steps. A
  * rejection must be a non-empty one-line message; a crash, hang or sanitizer report ends the process.
  */
 #include <stdio.h>
@@ -13,37 +12,7 @@
 #include <time.h>
 
 #include "ple.h"
-
-static uint64_t rs;
-static uint64_t rnd(void) {
-    rs ^= rs >> 12;
-    rs ^= rs << 25;
-    rs ^= rs >> 27;
-    return rs * 0x2545F4914F6CDD1Dull;
-}
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
-}
-static uint32_t get32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
-
-/* Recompute the model section's sha256, the section-table crc and the header crc of a mutated file. */
-static void fix_checksums(uint8_t *f, size_t n) {
-    if (n < 64) return;
-    uint32_t ns = get32(f + 24);
-    if (ns == 0 || ns > 16 || 64 + 64 * (size_t)ns > n) return;
-    for (uint32_t i = 0; i < ns; i++) {
-        uint8_t *e = f + 64 + 64 * i;
-        uint64_t off = get64(e + 16), len = get64(e + 24);
-        if (!memcmp(e, "model\0", 6) && off <= n && len <= n - off) ple_sha256(f + off, (size_t)len, e + 32);
-    }
-    put32(f + 28, ple_crc32(0, f + 64, 64 * (size_t)ns));
-    put32(f + 60, ple_crc32(0, f, 60));
-}
-
-static const uint32_t INTERESTING[] = {0, 1, 2, 3, 7, 8, 15, 16, 63, 64, 127, 128, 255, 256, 4095, 4096, 65535,
-                                       65536, 0x7fffffff, 0x80000000u, 0xfffffffeu, 0xffffffffu, 1u << 24, 1u << 20};
+#include "ple_mutate.h"
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -82,51 +51,17 @@ int main(int argc, char **argv) {
     uint64_t model_off = ms->offset, model_len = ms->nbytes;
     ple_desc_free(&d);
 
-    rs = seed * 0x9E3779B97F4A7C15ull + 1;
-    long accepted = 0, rejected = 0, bad_messages = 0, by_kind[6] = {0};
+    ple_rng rng;
+    ple_rng_seed(&rng, seed);
+    long accepted = 0, rejected = 0, bad_messages = 0, by_kind[PLE_MUT_KINDS] = {0};
     clock_t t0 = clock();
     for (long c = 0; c < cases; c++) {
-        size_t len = n;
-        memcpy(work, orig, n);
-        int kind = (int)(rnd() % 6);
+        int kind, verify;
+        size_t len = ple_mutate(&rng, work, orig, n, model_off, model_len, &kind, &verify);
         by_kind[kind]++;
-        int verify = rnd() % 8 == 0; /* checksum paths are simple and slow: exercise them in one case in 8 */
-        switch (kind) {
-        case 0: /* bit flips anywhere */
-            for (int k = 1 + (int)(rnd() % 4); k > 0; k--) work[rnd() % n] ^= (uint8_t)(1u << rnd() % 8);
-            break;
-        case 1: /* byte sets anywhere */
-            for (int k = 1 + (int)(rnd() % 4); k > 0; k--) work[rnd() % n] = (uint8_t)INTERESTING[rnd() % 24];
-            break;
-        case 2: /* truncation */
-            len = (size_t)(rnd() % n);
-            break;
-        case 3: /* a 4-byte field of the model description, checksums fixed */
-        case 4: { /* a header / section-table field, checksums fixed */
-            uint64_t off = kind == 3 ? model_off + 4 * (rnd() % (model_len / 4))
-                                     : (rnd() % 2 ? 16 + 8 * (rnd() % 2) : 64 + 64 * (rnd() % 4) + 16 + 8 * (rnd() % 2));
-            if (off + 4 > n) break;
-            uint32_t old = get32(work + off), v;
-            switch (rnd() % 4) {
-            case 0: v = INTERESTING[rnd() % 24]; break;
-            case 1: v = old + 1 - 2 * (uint32_t)(rnd() % 2); break;
-            case 2: v = old * 2; break;
-            default: v = (uint32_t)rnd(); break;
-            }
-            put32(work + off, v);
-            fix_checksums(work, len);
-            verify = 0;
-            break;
-        }
-        default: /* a few bit flips in the model description, checksums fixed */
-            for (int k = 1 + (int)(rnd() % 3); k > 0; k--)
-                work[model_off + rnd() % model_len] ^= (uint8_t)(1u << rnd() % 8);
-            fix_checksums(work, len);
-            verify = 0;
-            break;
-        }
         ple_storage_mem(&st, work, len);
-        ple_options opt = {verify, (int)(rnd() % 2), NULL, 64u << 20};
+        ple_options opt = {.verify = verify, .map_weights = (int)(ple_rng_next(&rng) % 2), .max_arena = 64u << 20,
+                           .int8_act = (int)(ple_rng_next(&rng) % 2)};
         ple_model *m;
         err[0] = 0;
         if (ple_open(&m, &st, &opt, err)) {

@@ -2,10 +2,13 @@
  *
  *   plerun MODEL.ple --ids 1,2,3 --steps N [--temperature T --top-k K --top-p P --seed S] [--threads T]
  *          [--no-verify-table] [--verify-none] [--mmap] [--device NAME_OR_PROFILE_FILE] [--dump-logits FILE]
- *          [--json]
+ *          [--act fp32|int8] [--kv fp32|int8] [--head-skip] [--json]
  *
  * --steps is the number of positions run, prompt included (llama2.c's -n): positions 0..N-1 are fed, and the
  * token sampled after each position from the end of the prompt on is emitted, so `tokens` holds N + 1 ids.
+ * --act int8: products with int8 / int4 weights quantise their input to int8 (ple_kernels.h); fp32 (the default)
+ * is the reference path. --kv int8: the KV cache keeps int8 codes and one scale per head vector. --head-skip
+ * (greedy, with --act int8): only the head rows that can still win are computed; the same ids.
  * Errors: one line on stderr, exit 2.
  */
 #include <errno.h>
@@ -20,6 +23,7 @@
 #endif
 
 #include "ple.h"
+#include "ple_kernels.h"
 
 static void die(const char *fmt, ...) {
     va_list ap;
@@ -53,6 +57,14 @@ static double parse_real(const char *flag, const char *s, double lo, double hi) 
     return v;
 }
 
+/* 0 for the first choice, 1 for the second. */
+static int parse_choice(const char *flag, const char *s, const char *first, const char *second) {
+    if (!strcmp(s, first)) return 0;
+    if (!strcmp(s, second)) return 1;
+    die("%s wants %s or %s, got '%s'", flag, first, second, s);
+    return 0;
+}
+
 /* ---- sampling ------------------------------------------------------------------------------------------ */
 
 typedef struct { float p; uint32_t i; } cand;
@@ -70,24 +82,8 @@ static int by_prob(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* The first index of the largest value, as numpy.argmax for NaN-free input (0 when v[0] is NaN, as a scan
- * would give). A max pass in eight independent lanes (vectorised: the 32k-entry head made the one-lane scan
- * cost ~4% of a token), then a search for its first occurrence. */
-static uint32_t argmax(const float *v, uint32_t n) {
-    float m[8], best;
-    uint32_t i = 0;
-    for (int l = 0; l < 8; l++) m[l] = v[0];
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) m[l] = v[i + l] > m[l] ? v[i + l] : m[l];
-    best = m[0];
-    for (int l = 1; l < 8; l++) best = m[l] > best ? m[l] : best;
-    for (; i < n; i++) best = v[i] > best ? v[i] : best;
-    for (i = 0; i < n && !(v[i] == best); i++) continue;
-    return i < n ? i : 0;
-}
-
 static uint32_t sample(const float *logits, uint32_t n, double temp, long top_k, double top_p, cand *c) {
-    uint32_t best = argmax(logits, n);
+    uint32_t best = ple_argmax(logits, n);
     if (temp <= 0) return best;
     double sum = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -125,7 +121,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *device_arg = NULL, *dump = NULL;
     long steps = -1, top_k = 0, seed = 0, threads = 1;
     double temp = 0, top_p = 1;
-    int json = 0, verify = 2, map = 0;
+    int json = 0, verify = 2, map = 0, int8_act = 0, int8_kv = 0, head_skip = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -143,6 +139,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--verify-none")) verify = 0;
         else if (!strcmp(a, "--mmap")) map = 1;
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--act")) int8_act = parse_choice(a, VALUE(), "fp32", "int8");
+        else if (!strcmp(a, "--kv")) int8_kv = parse_choice(a, VALUE(), "fp32", "int8");
+        else if (!strcmp(a, "--head-skip")) head_skip = 1;
         else if (a[0] == '-') die("unknown option %s", a);
         else if (!model) model = a;
         else die("more than one model file given (%s)", a);
@@ -159,7 +158,10 @@ int main(int argc, char **argv) {
     if (device_arg && ple_device_load(device_arg, &dev, err)) die("%s", err);
     ple_storage st;
     if ((map ? ple_storage_mmap : ple_storage_file)(&st, model, err)) die("%s", err);
-    ple_options opt = {verify, map, device_arg ? &dev : NULL, 0};
+    ple_options opt = {.verify = verify, .map_weights = map, .device = device_arg ? &dev : NULL, .int8_act = int8_act,
+                       .int8_kv = int8_kv, .head_skip = head_skip};
+    if (head_skip && (temp > 0 || dump))
+        die("--head-skip computes only the head rows that can win: it needs --temperature 0 and no --dump-logits");
     ple_model *m;
     if (ple_open(&m, &st, &opt, err)) die("%s: %s", model, err);
     const ple_desc *d = ple_model_desc(m);
@@ -191,6 +193,12 @@ int main(int argc, char **argv) {
     double t0 = 0;
     for (long pos = 0; pos < steps; pos++) {
         if (pos == 1) t0 = now(); /* like llama2.c: the first position warms caches */
+        if (head_skip) {
+            int64_t id = ple_forward_greedy(m, tokens[pos], (uint32_t)pos);
+            if (id < 0) die("%s: cannot read a record from storage", model);
+            if (pos + 1 >= n_prompt) tokens[pos + 1] = (uint32_t)id;
+            continue;
+        }
         const float *logits = ple_forward(m, tokens[pos], (uint32_t)pos);
         if (!logits) die("%s: cannot read a record from storage", model);
         if (df && fwrite(logits, sizeof(float), d->vocab, df) != d->vocab) die("%s: write failed", dump);
@@ -200,6 +208,8 @@ int main(int argc, char **argv) {
     if (df && fclose(df)) die("%s: write failed", dump);
     double tps = elapsed > 0 ? (double)(steps - 1) / elapsed : 0;
 
+    uint64_t head_done, head_total;
+    ple_model_head_rows(m, &head_done, &head_total);
     ple_traffic tr[PLE_MAX_TIERS];
     uint64_t counted;
     int nt = ple_model_traffic(m, tr, PLE_MAX_TIERS, &counted);
@@ -210,14 +220,25 @@ int main(int argc, char **argv) {
         printf("{\"tokens\": [");
         for (long i = 0; i <= steps; i++) printf("%s%u", i ? ", " : "", tokens[i]);
         printf("], \"prompt_tokens\": %ld, \"positions\": %ld, \"tok_per_s\": %.3f, \"ms_per_token\": %.6f, "
-               "\"threads\": %ld, \"traffic\": {", n_prompt, steps, tps, tps > 0 ? 1000.0 / tps : 0.0, threads);
+               "\"threads\": %ld, \"act\": \"%s\", \"kv\": \"%s\", \"kernel\": \"%s\", \"traffic\": {", n_prompt, steps,
+               tps, tps > 0 ? 1000.0 / tps : 0.0, threads, int8_act ? "int8" : "fp32", int8_kv ? "int8" : "fp32",
+               ple_kernel_name());
         for (int i = 0; i < nt; i++)
             printf("%s\"%s\": {\"bytes_per_token\": %.6f, \"reads_per_token\": %.6f}", i ? ", " : "", tr[i].tier,
                    tr[i].bytes / per, tr[i].reads / per);
+        ple_tier_use use[PLE_MAX_TIERS];
+        int nu = ple_model_tier_use(m, use, PLE_MAX_TIERS);
+        printf("}, \"tiers\": {");
+        for (int i = 0; i < nu && i < PLE_MAX_TIERS; i++)
+            printf("%s\"%s\": {\"placed\": %llu, \"arena\": %llu, \"available\": %llu}", i ? ", " : "", use[i].tier,
+                   (unsigned long long)use[i].placed, (unsigned long long)use[i].arena,
+                   (unsigned long long)use[i].available);
         printf("}, \"device\": %s%s%s, \"peak_ram_bytes\": %llu, \"arena_bytes\": %llu, \"weight_bytes\": %llu, "
-               "\"kv_cache_bytes\": %llu}\n", device_arg ? "\"" : "", device_arg ? dev.name : "null",
-               device_arg ? "\"" : "", (unsigned long long)peak, (unsigned long long)ple_model_arena_bytes(m),
-               (unsigned long long)ple_model_weight_bytes(m), (unsigned long long)ple_model_kv_bytes(m));
+               "\"kv_cache_bytes\": %llu, \"head_rows_computed\": %llu, \"head_rows\": %llu}\n",
+               device_arg ? "\"" : "", device_arg ? dev.name : "null", device_arg ? "\"" : "", (unsigned long long)peak,
+               (unsigned long long)ple_model_arena_bytes(m), (unsigned long long)ple_model_weight_bytes(m),
+               (unsigned long long)ple_model_kv_bytes(m), (unsigned long long)head_done,
+               (unsigned long long)head_total);
     } else {
         for (long i = 0; i <= steps; i++) printf("%s%u", i ? "," : "", tokens[i]);
         printf("\n");

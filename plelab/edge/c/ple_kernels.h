@@ -1,0 +1,123 @@
+/* Integer matrix-vector kernels for microcontrollers: int8 activations times int4 / int8 group-quantised weights.
+ *
+ * An activation vector x is quantised on the fly to int8 codes a with one float scale (x ~= a * scale). A weight
+ * vector is stored as the .ple format keeps it (docs/ple-format.md): int8 codes, or int4 codes two per byte (element
+ * 2i in the low nibble), one fp16 scale per `group` consecutive values, groups counted from the vector's start (a
+ * dense matrix is one vector, so its groups may straddle rows). A dot product accumulates each group segment in
+ * int32 (exact) and spends one float multiply-add per segment: sum += (float)isum * scale_g; the result is
+ * sum * a.scale.
+ *
+ * One interface, three implementations chosen at compile time by ple.h's kernel switch, -DPLE_KERNEL=...:
+ *   PLE_KERNEL_PORTABLE, PLE_KERNEL_VECTOR   plain C99 (the fallback on any target; x86 uses it)
+ *   PLE_KERNEL_DSP       Arm DSP extension (Cortex-M4 / M7 / M33): SXTB16 unpacking, SMLAD dual 16-bit MACs
+ *   PLE_KERNEL_HELIUM    Arm Helium / MVE (Cortex-M55 / M85): 16 int8 lanes, VMLADAVA
+ * Without -DPLE_KERNEL the best the target has (__ARM_FEATURE_MVE, else __ARM_FEATURE_DSP, else portable); a
+ * kernel the target cannot run is a compile error. ple_kernel_name() says which one was built.
+ *
+ * Where another SIMD slots in (an ESP32-S3 PIE kernel, say): an implementation is three functions in
+ * ple_kernels.c: kact_layout (re-lay the int8 codes for its loads, once per activation and weight dtype), kseg_i4
+ * and kseg_i8 (the exact int32 sum of one aligned run inside a group segment), plus its ALIGN_I4 / ALIGN_I8.
+ * Add a block beside the DSP and Helium ones under a new PLE_KERNEL_ value; the driver (rows, groups, unaligned
+ * heads and tails, scales, the float multiply-add per group) stays shared, so every kernel must equal the
+ * portable one bit for bit, which plektest (tests/edge/test_c_mcu_kernels.py) checks on odd sizes.
+ */
+#ifndef PLE_KERNELS_H
+#define PLE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "ple.h"
+
+/* PLE_IKERNEL: the integer kernel built (PLE_KERNEL, or the target's best when it is not given) */
+#if defined(PLE_KERNEL)
+#define PLE_IKERNEL PLE_KERNEL
+#elif defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1)
+#define PLE_IKERNEL PLE_KERNEL_HELIUM
+#elif defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
+#define PLE_IKERNEL PLE_KERNEL_DSP
+#elif defined(__GNUC__)
+#define PLE_IKERNEL PLE_KERNEL_VECTOR
+#else
+#define PLE_IKERNEL PLE_KERNEL_PORTABLE
+#endif
+#if PLE_IKERNEL == PLE_KERNEL_DSP && !(defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP)
+#error "PLE_KERNEL_DSP needs a target with the Arm DSP extension (e.g. -mcpu=cortex-m7)"
+#endif
+#if PLE_IKERNEL == PLE_KERNEL_HELIUM && !(defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1))
+#error "PLE_KERNEL_HELIUM needs a target with Helium (e.g. -mcpu=cortex-m55)"
+#endif
+#if PLE_IKERNEL < PLE_KERNEL_PORTABLE || PLE_IKERNEL > PLE_KERNEL_HELIUM
+#error "PLE_KERNEL must be one of PLE_KERNEL_PORTABLE, _VECTOR, _DSP, _HELIUM (ple.h)"
+#endif
+
+/* Longest run one int32 accumulator takes: |code| <= 127 times |weight| <= 127 (x16 in the DSP int4 unpacking)
+ * stays below 2^31 for this many values; longer group segments are summed in chunks (in int64). */
+#define PLE_KCHUNK 4096
+
+/* The fp16 value at p (little-endian), exactly: one instruction with F16C (x86) or an Arm FPU's half-precision
+ * conversion (-mfp16-format=ieee), else bit manipulation. */
+static inline float ple_f16(const uint8_t *p) {
+#if defined(__F16C__)
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+#elif defined(__ARM_FP16_FORMAT_IEEE) && defined(__ARM_FP) && (__ARM_FP & 2)
+    __fp16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+#else
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+    if (e == 0) {
+        float f = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24, exact */
+        return s ? -f : f;
+    }
+    u = e == 31 ? s | 0x7f800000u | mant << 13 : s | (e + 112) << 23 | mant << 13;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* A quantised activation vector. Its memory (ple_kact_bytes(cap)) comes from the caller's arena. */
+typedef struct {
+    uint32_t n, cap;
+    float scale;      /* x[i] ~= q[i] * scale; 0 when x is all zeros */
+    int8_t *q;        /* codes in [-127, 127]; zero from n up to the padded capacity */
+    void *lay;        /* the kernel's own layouts of q (DSP: int16 pairs; MVE: even / odd halves) */
+    unsigned ready;   /* layouts built for the current codes (bit per weight dtype) */
+} ple_kact;
+
+const char *ple_kernel_name(void);
+/* Bytes of arena one activation of up to cap values needs (codes + the kernel's layouts, 16-byte aligned). */
+size_t ple_kact_bytes(uint32_t cap);
+/* Point a at mem (ple_kact_bytes(cap) bytes, 16-byte aligned). */
+void ple_kact_init(ple_kact *a, void *mem, uint32_t cap);
+/* q[0..n) = int8 codes of x, returned: the scale (x ~= q * scale). scale = max|x| / 127 and q[i] = x[i] * (127 /
+ * max|x|) (a float product, never fused with the rounding) rounded half away from zero; a vector of zeros, or one
+ * that is not finite, gets zero codes and scale 0. plelab/edge/runtime.py's quantize_i8 is the same function. */
+float ple_quantize_i8(const float *x, uint32_t n, int8_t *q);
+/* a = the int8 codes of x[0..n) (ple_quantize_i8). */
+void ple_kact_quantize(ple_kact *a, const float *x, uint32_t n);
+/* Build the layout the kernel needs for weights of `dtype` (PLE_INT4 / PLE_INT8); call before ple_kdot, once per
+ * quantisation and dtype (ple_kdot only reads a, so rows may run on several threads after this). */
+void ple_kact_prepare(ple_kact *a, int dtype);
+/* Values [e0, e0 + n) of one group-quantised vector (int4 / int8 `codes`, fp16 `scales`, `group` values per scale)
+ * times a.q[0..n), times the scales: the float dot product. */
+float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint64_t e0, uint32_t n,
+               const ple_kact *a);
+/* out[r - r0] = ple_kdot of row r of a dense (rows x cols) matrix stored as one vector, for r in [r0, r1): the
+ * same result, without a division per row. */
+void ple_kdot_dense(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint32_t r0,
+                    uint32_t r1, uint32_t cols, const ple_kact *a);
+/* out[r] = ple_kdot of `rows` vectors of n <= group values each (one scale), the r-th at codes + r * stride with its
+ * scale at scales + r * stride: a tied head's records, without the per-row group walk. */
+void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
+                   uint32_t n, const ple_kact *a);
+/* out[k] = ple_kdot_rows' result for row idx[k], k < count (the greedy head's blocks of sorted rows). */
+void ple_kdot_pick(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride,
+                   const uint32_t *idx, uint32_t count, uint32_t n, const ple_kact *a);
+
+#endif
