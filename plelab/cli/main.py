@@ -23,6 +23,7 @@ COMMANDS = {
     "report": "plelab.cli.report",
     "export": "plelab.cli.edge",
     "export-hf": "plelab.cli.export_hf",
+    "export-gguf": "plelab.cli.export_gguf",
     "plan": "plelab.cli.edge",
     "run": "plelab.cli.edge",
     "vision": "plelab.cli.vision",

@@ -124,11 +124,13 @@ def load_text_model(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32) -> H
     except (ValueError, TypeError, KeyError) as exc:
         raise HFCheckpointError(f"{ckpt.path}: transformers rejects the text config ({exc})") from None
     cfg._attn_implementation = "eager"  # the reference path; SDPA's masks differ across versions
-    real_rows = cfg.vocab_size_per_layer_input
+    real_rows, pad = cfg.vocab_size_per_layer_input, cfg.pad_token_id
     cfg.vocab_size_per_layer_input = 1  # a one-row stand-in: the real table stays on disk
+    # The embeddings' padding_idx only shapes training gradients, and a pad id >= 1 does not fit a one-row table.
+    cfg.pad_token_id = None
     with no_init_weights():
         lm = model_cls(cfg)
-    cfg.vocab_size_per_layer_input = real_rows
+    cfg.vocab_size_per_layer_input, cfg.pad_token_id = real_rows, pad
     tied = bool(getattr(cfg, "tie_word_embeddings", True))
     if tied:  # no_init_weights also skips transformers' tying
         lm.lm_head.weight = lm.model.embed_tokens.weight
