@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install plelab on a fresh machine (Python >= 3.10 and pip). `--test` adds the test extras.
+# Install plelab on a fresh machine (Python >= 3.10 and pip). `--test` adds the test extras, among them
+# llama-cpp-python, which pip builds from source the first time (a C++ compiler is needed; pip caches the wheel),
+# and unpacks llama.cpp's converter from the same release into ~/.cache/plelab (tests/hf/test_llama_cpp.py).
 # torch 2.13.0 goes in first when torch is absent: a looser requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,3 +12,20 @@ fi
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 "$PY" -m pip install --quiet -e ".${extras}"
+if [ "${1:-}" = "--test" ]; then
+  ver=$("$PY" -c "from plelab.hf.llama_cpp import LLAMA_CPP_PYTHON_VERSION as v; print(v)")
+  dest=$("$PY" -c "from plelab.hf.llama_cpp import cache_root; print(cache_root())")/llama-cpp-python-$ver
+  if [ ! -f "$dest/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+    tmp=$(mktemp -d)
+    # the sdist pip just built from (pip's HTTP cache serves it again): its vendor/llama.cpp holds the converter
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$tmp"
+    top="llama_cpp_python-$ver/vendor/llama.cpp"
+    mkdir -p "$tmp/x"
+    tar -xzf "$tmp/llama_cpp_python-$ver.tar.gz" -C "$tmp/x" \
+      "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py" "$top/LICENSE"
+    mkdir -p "$(dirname "$dest")"
+    rm -rf "$dest"
+    mv "$tmp/x/llama_cpp_python-$ver" "$dest"
+    rm -rf "$tmp"
+  fi
+fi

@@ -166,8 +166,9 @@ class TypePlan:
         """The type of one matrix (the last matching override wins)."""
         chosen = self.default
         group = group_of(hf_tensor)
+        base = gguf_tensor.removesuffix(".weight")
         for pattern, type_name in self.overrides:
-            if pattern == group or re.fullmatch(pattern, gguf_tensor) or re.fullmatch(pattern, gguf_tensor + ".weight"):
+            if pattern == group or re.fullmatch(pattern, gguf_tensor) or re.fullmatch(pattern, base):
                 chosen = type_name
         return gguf_type(chosen)
 
@@ -230,9 +231,32 @@ def rope_freqs(cfg) -> np.ndarray:
     return np.array([1.0] * rotated + [1e30] * (head_dim // 2 - rotated), np.float32)
 
 
+def check_kv_sharing(cfg) -> None:
+    """Refuse KV sharing llama.cpp would compute differently from transformers (and plelab).
+
+    transformers: a shared layer reuses the keys/values of the last earlier non-shared layer of its own attention
+    kind. llama.cpp (llama-model.cpp, Gemma 3n / 4): a shared full layer reuses layer first_shared - 1 and a
+    shared sliding layer layer first_shared - 2, the layout of Gemma's own checkpoints.
+    """
+    n = cfg.gemma4.num_kv_shared_layers
+    if not n:
+        return
+    kinds, first = cfg.layer_types, cfg.num_layers - n
+    shared = set(kinds[first:])
+    ok = first >= 2 and ("full_attention" not in shared or kinds[first - 1] == "full_attention") and (
+        "sliding_attention" not in shared or (kinds[first - 2] == "sliding_attention"
+                                              and kinds[first - 1] != "sliding_attention"))
+    if not ok:
+        raise GGUFExportError(
+            f"llama.cpp's Gemma 4 has the {n} KV-shared layer(s) reuse layer {first - 1} (full attention) and "
+            f"{first - 2} (sliding), which needs layer_types[{first - 2}:{first}] = sliding, full; this model's are "
+            f"{kinds[max(0, first - 2):first]}")
+
+
 def plan_tensors(source: Gemma4Source, plan: TypePlan) -> list[PlannedTensor]:
     """Every tensor with its GGUF name and type; a type that cannot hold a tensor's rows is one error."""
     cfg = source.config
+    check_kv_sharing(cfg)
     out = []
     if "full_attention" in cfg.layer_types:
         out.append(PlannedTensor("rope_freqs.weight", None, gguf_type("f32"), rope_freqs(cfg)))

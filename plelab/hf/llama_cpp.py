@@ -72,15 +72,17 @@ def available() -> bool:
 class LlamaCpp:
     """A GGUF loaded in llama.cpp (CPU), with every position's logits kept."""
 
-    def __init__(self, path: str | Path, n_ctx: int = 512, threads: int = 1):
+    def __init__(self, path: str | Path, n_ctx: int = 512, threads: int = 1, f32_cache: bool = True):
+        """`f32_cache`: keys and values cached in f32 (llama.cpp's default f16 cache rounds them, ~1e-3 off)."""
         try:
             from llama_cpp import Llama
         except ImportError as exc:
             raise LlamaCppError(f"llama-cpp-python is not installed (pip install 'plelab[test]'): {exc}") from None
         self.path = Path(path)
         try:
+            cache = {"type_k": 0, "type_v": 0} if f32_cache else {}  # GGML_TYPE_F32
             self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
-                             n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
+                             n_threads=threads, n_threads_batch=threads, verbose=False, seed=0, **cache)
         except (ValueError, RuntimeError) as exc:
             raise LlamaCppError(f"llama.cpp cannot load {path}: {exc}") from None
 

@@ -30,12 +30,18 @@ class StreamedEmbedding(nn.Module):
         super().__init__()
         self.info, self.scale, self.dtype = info, scale, dtype
         self.num_embeddings, self.embedding_dim = info.shape
+        self.row_transform = None
+        """Optional (n, width) float32 -> float32 applied to the rows read (the quantization recipe stores them
+        in a format and reads them back this way, row by row, as the exports quantize the table)."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.detach().reshape(-1).cpu().numpy()
         if len(flat) and (flat.min() < 0 or flat.max() >= self.num_embeddings):
             raise IndexError(f"token id {int(flat.max())} outside the PLE table's {self.num_embeddings} rows")
-        rows = gather_rows(self.info, flat).to(self.dtype) * torch.tensor(self.scale, dtype=self.dtype)
+        rows = gather_rows(self.info, flat)
+        if self.row_transform is not None:
+            rows = torch.from_numpy(self.row_transform(rows.numpy()))
+        rows = rows.to(self.dtype) * torch.tensor(self.scale, dtype=self.dtype)
         return rows.view(*ids.shape, self.embedding_dim).to(ids.device)
 
     def read_rows(self, ids: np.ndarray) -> torch.Tensor:
