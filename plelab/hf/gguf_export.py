@@ -37,7 +37,7 @@ from plelab.hf.gguf_types import GGUFType, check_fits, gguf_type, quantize
 from plelab.hf.tensor_groups import group_of
 
 ARCH = "gemma4"
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 8 << 20
 """float32 bytes of a source tensor read, quantized and written at a time."""
 # Gemma 4's chat markers that the converter types USER_DEFINED so they are always rendered.
 _VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
@@ -231,13 +231,17 @@ def rope_freqs(cfg) -> np.ndarray:
     return np.array([1.0] * rotated + [1e30] * (head_dim // 2 - rotated), np.float32)
 
 
-def check_kv_sharing(cfg) -> None:
-    """Refuse KV sharing llama.cpp would compute differently from transformers (and plelab).
+def check_llama_cpp_layout(cfg) -> None:
+    """Refuse layer layouts llama.cpp's Gemma 4 cannot run or would compute differently from transformers.
 
-    transformers: a shared layer reuses the keys/values of the last earlier non-shared layer of its own attention
-    kind. llama.cpp (llama-model.cpp, Gemma 3n / 4): a shared full layer reuses layer first_shared - 1 and a
+    llama.cpp keeps a sliding-window and a full KV cache and asserts that some layer slides. KV sharing:
+    transformers has a shared layer reuse the keys/values of the last earlier non-shared layer of its own attention
+    kind; llama.cpp (llama-model.cpp, Gemma 3n / 4) has a shared full layer reuse layer first_shared - 1 and a
     shared sliding layer layer first_shared - 2, the layout of Gemma's own checkpoints.
     """
+    if "sliding_attention" not in cfg.layer_types:
+        raise GGUFExportError("llama.cpp's Gemma 4 needs at least one sliding-attention layer (it asserts one in "
+                              "its KV cache); this model's layer_types are all full_attention")
     n = cfg.gemma4.num_kv_shared_layers
     if not n:
         return
@@ -256,7 +260,7 @@ def check_kv_sharing(cfg) -> None:
 def plan_tensors(source: Gemma4Source, plan: TypePlan) -> list[PlannedTensor]:
     """Every tensor with its GGUF name and type; a type that cannot hold a tensor's rows is one error."""
     cfg = source.config
-    check_kv_sharing(cfg)
+    check_llama_cpp_layout(cfg)
     out = []
     if "full_attention" in cfg.layer_types:
         out.append(PlannedTensor("rope_freqs.weight", None, gguf_type("f32"), rope_freqs(cfg)))
@@ -380,15 +384,17 @@ def vocab_from_tokenizer(json_text: str, rows: int, folder: Path | None = None) 
 
 
 def _special_ids(tok, folder: Path | None) -> set[int]:
-    """Ids transformers calls special (what the converter types CONTROL): the folder's view, or export-hf's."""
+    """Ids transformers calls special (what the converter types CONTROL: the folder's view, or export-hf's), and
+    always the end-of-text, pad and unknown tokens (a folder without tokenizer_config.json names none)."""
+    named = {i for i in (tok.eot_id, tok.pad_id, tok.token_to_id("<unk>")) if i is not None}
     try:
         if folder is not None:
             from transformers import AutoTokenizer
 
-            return set(AutoTokenizer.from_pretrained(folder, local_files_only=True).all_special_ids)
-        return set(tok.to_hf().all_special_ids)
-    except ImportError:  # without transformers: the named specials
-        return {i for i in (tok.eot_id, tok.pad_id, tok.token_to_id("<unk>")) if i is not None}
+            return named | set(AutoTokenizer.from_pretrained(folder, local_files_only=True).all_special_ids)
+        return named | set(tok.to_hf().all_special_ids)
+    except ImportError:
+        return named
 
 
 def _add_vocab_keys(w, v: Vocab) -> None:

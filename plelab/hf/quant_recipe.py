@@ -148,16 +148,34 @@ def _pass(model: RecipeModel, data: HeldOut, batch: int, ref: _Reference | None,
     return kl, loss
 
 
-def _summary(kl: np.ndarray, loss: np.ndarray, base_loss: np.ndarray, data: HeldOut) -> dict[str, Any]:
+def _se(x: np.ndarray) -> float:
+    """Standard error of the mean of per-window values (0 for a single window)."""
+    return float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
+def summary(kl: np.ndarray, loss: np.ndarray, base_loss: np.ndarray, data: HeldOut,
+            windows: bool = False) -> dict[str, Any]:
+    """Mean KL and Δloss per position (overall and per domain) from per-window sums, with standard errors over
+    windows; `windows` keeps the per-window KL (for paired comparisons of two measurements)."""
     T = data.x.shape[1]
     doms = np.array(data.domains)
+    kl_w, dl_w = kl / T, (loss - base_loss) / T
     per = {}
     for d in dict.fromkeys(data.domains):
         m = doms == d
-        n = m.sum() * T
-        per[d] = {"kl": float(kl[m].sum() / n), "delta_loss": float((loss[m] - base_loss[m]).sum() / n)}
-    n = len(doms) * T
-    return {"kl": float(kl.sum() / n), "delta_loss": float((loss - base_loss).sum() / n), "domains": per}
+        per[d] = {"kl": float(kl_w[m].mean()), "delta_loss": float(dl_w[m].mean()),
+                  "delta_loss_se": _se(dl_w[m])}
+    out = {"kl": float(kl_w.mean()), "kl_se": _se(kl_w), "delta_loss": float(dl_w.mean()),
+           "delta_loss_se": _se(dl_w), "domains": per}
+    if windows:
+        out["window_kl"] = kl_w.tolist()
+    return out
+
+
+def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """KL of measurement a minus b, window by window: mean and standard error (both need window_kl)."""
+    d = np.array(a["window_kl"]) - np.array(b["window_kl"])
+    return {"kl_diff": float(d.mean()), "se": _se(d), "windows": len(d)}
 
 
 @dataclass
@@ -178,11 +196,11 @@ class Measurer:
                           "domains": {d: float(self.base_loss[doms == d].sum() / ((doms == d).sum() * T))
                                       for d in dict.fromkeys(self.data.domains)}}
 
-    def measure(self, assignment: dict[str, Format]) -> dict[str, Any]:
+    def measure(self, assignment: dict[str, Format], windows: bool = False) -> dict[str, Any]:
         """KL to the reference and Δloss (overall and per domain) with `assignment` applied."""
         with self.model.quantized(assignment):
             kl, loss = _pass(self.model, self.data, self.batch, self.ref, self.device)
-        return _summary(kl, loss, self.base_loss, self.data)
+        return summary(kl, loss, self.base_loss, self.data, windows)
 
     def close(self) -> None:
         """Free the reference."""
@@ -343,15 +361,15 @@ def make_recipe(measurer: Measurer, table: dict[str, dict[str, Any]], formats: l
     fixed = fixed_bytes(measurer.model, family)
     budget, desc = parse_budget(budget_text, table, fixed)
     pick, nbytes, summed = choose(table, fam, budget)
-    measured = measurer.measure({g: parse_format(f) for g, f in pick.items()})
+    measured = measurer.measure({g: parse_format(f) for g, f in pick.items()}, windows=True)
     out_baselines = {}
     for name in baselines:
         fmt = parse_format(name)
         u = uniform(table, fmt) if fmt.family == family else None
         if u is None:
             continue
-        res = measurer.measure({g: fmt for g in u[0]})
-        out_baselines[name] = {"bytes": u[1] + fixed, **res}
+        res = measurer.measure({g: fmt for g in u[0]}, windows=True)
+        out_baselines[name] = {"bytes": u[1] + fixed, **res, "recipe_minus_this": paired(measured, res)}
     return Recipe(family, budget + fixed, desc, pick, nbytes + fixed, summed, measured, out_baselines)
 
 

@@ -35,17 +35,25 @@ def table_rows(result: dict[str, Any], key: str = "kl") -> tuple[list[str], list
     return headers, rows
 
 
+def _pm(m: dict[str, Any], key: str, spec: str) -> str:
+    se = m.get(f"{key}_se")
+    return format(m[key], spec) + (f" ± {format(se, '.2g')}" if se is not None else "")
+
+
 def recipe_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """(headers, rows): each family's recipe and its uniform baselines, with bytes, measured KL and Δloss."""
-    headers = ["family", "weights", "bytes", "KL (nats/token)", "Δloss (nats/token)", "formats"]
+    """(headers, rows): each family's recipe and its uniform baselines, with bytes, measured KL and Δloss (± the
+    standard error over windows), and the recipe's KL minus each baseline's, paired window by window."""
+    headers = ["family", "weights", "bytes", "KL (nats/token)", "Δloss (nats/token)", "recipe KL − this", "formats"]
     rows = []
     for family, r in result["recipes"].items():
         chosen = ", ".join(f"{GROUP_LABELS.get(g, g)} {f}" for g, f in r["formats"].items())
-        rows.append([family, f"recipe within {r['budget_text']}", f"{r['bytes']:,}", kl_text(r["measured"]["kl"]),
-                     f"{r['measured']['delta_loss']:+.4f}", chosen])
+        rows.append([family, f"recipe within {r['budget_text']}", f"{r['bytes']:,}", _pm(r["measured"], "kl", ".3g"),
+                     _pm(r["measured"], "delta_loss", "+.4f"), "", chosen])
         for name, b in r["baselines"].items():
-            rows.append([family, f"uniform {name}", f"{b['bytes']:,}", kl_text(b["kl"]), f"{b['delta_loss']:+.4f}",
-                         ""])
+            p = b.get("recipe_minus_this")
+            diff = f"{p['kl_diff']:+.3g} ± {p['se']:.2g}" if p else ""
+            rows.append([family, f"uniform {name}", f"{b['bytes']:,}", _pm(b, "kl", ".3g"),
+                         _pm(b, "delta_loss", "+.4f"), diff, ""])
     return headers, rows
 
 
@@ -105,7 +113,15 @@ def write_recipe_report(result: dict[str, Any], out: Path) -> list[Path]:
         ("table", rh, rrows),
     ]
     for family, f in result.get("files", {}).items():
-        blocks.append(("p", f"{family} file: `{f['path']}` ({f['file_bytes']:,} bytes)"))
+        line = f"{family} file: `{f['path']}` ({f['file_bytes']:,} bytes)"
+        m = f.get("measured") or f.get("measured_in_llama_cpp")
+        if m and "kl" in m:
+            where = "in llama.cpp" if family == "gguf" else "in the NumPy runtime"
+            line += f"; measured {where}: KL {_pm(m, 'kl', '.3g')}, Δloss {_pm(m, 'delta_loss', '+.4f')}"
+        elif m:
+            line += f"; its table rows equal the measured ones (max |Δ| {m['max_abs_diff_to_measured']:.3g} over " \
+                    f"{m['rows_checked']} rows)"
+        blocks.append(("p", line))
     if result.get("notes"):
         blocks.append(("list", result["notes"]))
     png = heatmap_png(result)

@@ -29,7 +29,6 @@ from plelab.hf.quant_recipe import (
     Measurer,
     Recipe,
     RecipeError,
-    _summary,
     choose,
     default_formats,
     fixed_bytes,
@@ -37,6 +36,7 @@ from plelab.hf.quant_recipe import (
     make_recipe,
     measure_table,
     parse_budget,
+    summary,
 )
 from plelab.hf.recipe_model import RecipeModel, open_model
 from plelab.hf.tensor_groups import GROUPS, group_of
@@ -160,7 +160,7 @@ def _measure_logits(measurer: Measurer, logits_of: Callable[[list[int]], np.ndar
         r = torch.from_numpy(np.asarray(ref.logp[w * T : (w + 1) * T])).double()
         kl[w] = float((r.exp() * (r - logp)).sum())
         loss[w] = float(-logp.gather(1, data.y[w][:, None]).sum())
-    return _summary(kl, loss, measurer.base_loss, data)
+    return summary(kl, loss, measurer.base_loss, data, windows=True)
 
 
 def measure_gguf_file(measurer: Measurer, path: Path) -> dict[str, Any] | None:

@@ -165,3 +165,6 @@ def test_kv_sharing_llama_cpp_computes_differently_is_refused(tmp_path_factory, 
     out = root / "x.gguf"
     err = one_line_error(capsys, ["export-gguf", str(run), str(out)])
     assert "KV-shared" in err and not out.exists()
+    run = train_run(root, "allfull", gemma_tokenizer(root), steps=1, gemma4='layer_types = ["full_attention", '
+                    '"full_attention"]\n')
+    assert "sliding-attention" in one_line_error(capsys, ["export-gguf", str(run), str(out)])

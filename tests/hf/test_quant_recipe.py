@@ -134,7 +134,7 @@ def test_rerun_resumes_and_refuses_to_overwrite(llama_run, tmp_path, capsys):
 
     calls = []
     original = quant_recipe.Measurer.measure
-    quant_recipe.Measurer.measure = lambda self, a: calls.append(a) or original(self, a)
+    quant_recipe.Measurer.measure = lambda self, a, windows=False: calls.append(a) or original(self, a, windows)
     try:
         assert main(argv) == 0  # only measurements.json was there: resumed, no cell measured again
     finally:
@@ -189,3 +189,27 @@ def test_recipe_on_an_hf_gemma3n_folder_streams_the_table(make_gemma, valid_dir,
     ple = result["files"]["ple"]
     assert ple["table_only"] and ple["measured"]["max_abs_diff_to_measured"] == 0.0
     assert "gguf" not in result["files"]
+
+
+def test_recipe_on_an_hf_gemma4_folder_writes_a_gguf_llama_cpp_runs(tokenizer_json, valid_dir, tmp_path, capsys):
+    import torch
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    folder = tmp_path / "hf-g4"  # dP = 8: only 16-bit GGUF types hold the per-layer projections
+    torch.manual_seed(0)
+    Gemma4ForCausalLM(Gemma4TextConfig(
+        vocab_size=320, vocab_size_per_layer_input=320, hidden_size=32, hidden_size_per_layer_input=8,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8, intermediate_size=64,
+        max_position_embeddings=128)).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(tokenizer_json)
+    out = tmp_path / "g4"
+    assert main(["quant-recipe", "--hf", str(folder), "--eval", str(valid_dir), "--out", str(out), "--tokens", "96",
+                 "--seq-len", "32", "--formats", "fp16,int8/32,int4/32,f16,bf16", "--budget", "int4/32",
+                 "--gguf-budget", "f16", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["family"] == "gemma4" and set(result["recipes"]["gguf"]["formats"].values()) <= {"f16", "bf16"}
+    gg = result["files"]["gguf"]
+    assert Path(gg["path"]).is_file()
+    if gg["measured_in_llama_cpp"] is not None:  # 16-bit weights: llama.cpp computes nearly the fp32 model
+        assert gg["measured_in_llama_cpp"]["kl"] < 1e-3
