@@ -14,6 +14,7 @@ Needs `bash scripts/setup.sh --test` (llama-cpp-python and the converter). Print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -39,7 +40,11 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from plelab.cli.main import main as plelab
+    from plelab.cli.main import main as cli
+
+    def plelab(argv: list[str]) -> int:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON
+            return cli(argv)
     from plelab.hf.llama_cpp import LlamaCpp, convert_hf
     from plelab.hf.quant_recipe import Measurer, held_out
     from plelab.hf.recipe_model import plelab_model

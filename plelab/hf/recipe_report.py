@@ -14,11 +14,16 @@ GROUP_LABELS = {
 }
 
 
+KL_FLOOR = 1e-8
+"""KL values below this are float32 rounding (an f16 copy of the weights measures ~1e-9 .. 1e-8; exactly
+equal weights can come out slightly negative): shown as '<1e-8'."""
+
+
 def kl_text(x: float | None) -> str:
-    """A KL value for a table cell (3 significant digits; '-' for none)."""
+    """A KL value for a table cell (3 significant digits; '-' for none; '<1e-8' at the numerical floor)."""
     if x is None or not math.isfinite(x):
         return "-"
-    return f"{x:.3g}"
+    return f"<{KL_FLOOR:.0e}" if x < KL_FLOOR else f"{x:.3g}"
 
 
 def table_rows(result: dict[str, Any], key: str = "kl") -> tuple[list[str], list[list[str]]]:
@@ -73,8 +78,8 @@ def heatmap_png(result: dict[str, Any]) -> bytes | None:
     for i, g in enumerate(groups):
         for j, f in enumerate(formats):
             c = result["table"][g].get(f, {})
-            if c.get("bytes") and c.get("kl") is not None and c["kl"] > 0:
-                grid[i, j] = math.log10(c["kl"])
+            if c.get("bytes") and c.get("kl") is not None:
+                grid[i, j] = math.log10(max(c["kl"], KL_FLOOR))
     fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 0.75 * len(formats)), 1.2 + 0.45 * len(groups)))
     im = ax.imshow(grid, cmap="magma_r", aspect="auto")
     ax.set_xticks(range(len(formats)), formats, rotation=45, ha="right")
@@ -82,10 +87,11 @@ def heatmap_png(result: dict[str, Any]) -> bytes | None:
     for i in range(len(groups)):
         for j in range(len(formats)):
             if math.isfinite(grid[i, j]):
-                ax.text(j, i, f"{10 ** grid[i, j]:.2g}", ha="center", va="center", fontsize=7,
+                label = f"{10 ** grid[i, j]:.2g}" if grid[i, j] > math.log10(KL_FLOOR) else "<1e-8"
+                ax.text(j, i, label, ha="center", va="center", fontsize=7,
                         color="white" if grid[i, j] > np.nanmean(grid) else "black")
     fig.colorbar(im, ax=ax, label="log10 KL to the unquantized model (nats/token)")
-    ax.set_title("One group quantized at a time")
+    ax.set_title("One group quantized at a time (blank: the format cannot hold the group)")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

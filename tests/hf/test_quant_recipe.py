@@ -213,3 +213,25 @@ def test_recipe_on_an_hf_gemma4_folder_writes_a_gguf_llama_cpp_runs(tokenizer_js
     assert Path(gg["path"]).is_file()
     if gg["measured_in_llama_cpp"] is not None:  # 16-bit weights: llama.cpp computes nearly the fp32 model
         assert gg["measured_in_llama_cpp"]["kl"] < 1e-3
+
+
+def test_per_tensor_encodings_leave_other_files_unchanged(llama_run, tmp_path):
+    """A recipe that restates the defaults writes the same weight bytes; without one the metadata has no
+    'encodings' key, so files exported as before are byte-identical to before."""
+    from plelab.edge.export import ExportOptions, export_model
+    from plelab.edge.format import PleFile
+    from plelab.edge.quant import Encoding
+    from plelab.inference.load import load_model
+
+    model, _ = load_model(llama_run)
+    plain = export_model(model, tmp_path / "plain.ple", ExportOptions(quant="int4", group=32))
+    same = {t.name: Encoding("int4", 32) for t in plain.tensors if len(t.shape) > 1 and t.enc.dtype == "int4"}
+    restated = export_model(model, tmp_path / "restated.ple",
+                            ExportOptions(quant="int4", group=32, encodings={**same, "ple": Encoding("int4", 32)}))
+    assert "encodings" not in plain.quant and "encodings" in restated.quant
+    for a, b in zip(plain.sections, restated.sections, strict=True):
+        assert a.name == b.name
+        if a.name not in ("meta", "model"):
+            assert a.sha256 == b.sha256, a.name
+    with PleFile(tmp_path / "restated.ple") as f:
+        assert f.layout.quant["encodings"]["ple"] == {"dtype": "int4", "group": 32}
