@@ -174,6 +174,28 @@ def measure_gguf_file(measurer: Measurer, path: Path) -> dict[str, Any] | None:
         return _measure_logits(measurer, llm.logits)
 
 
+def gguf_blocker(model: RecipeModel) -> str | None:
+    """Why no GGUF of this Gemma 4 model can be written (checked before measuring), or None."""
+    from plelab.hf.gguf_export import GGUFExportError, check_llama_cpp_layout
+
+    if model.tokenizer is None:
+        return f"{model.source} has no tokenizer.json, and a GGUF carries its tokenizer"
+    try:
+        if model.kind == "hf":
+            from plelab.model.hf_interop import HFInteropError, gemma4_config_from_hf
+
+            try:
+                cfg = gemma4_config_from_hf(model.module.config.to_dict())
+            except HFInteropError as exc:
+                return str(exc)
+        else:
+            cfg = model.module.config
+        check_llama_cpp_layout(cfg)
+    except GGUFExportError as exc:
+        return str(exc)
+    return None
+
+
 def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *, hf: bool = False,
                formats: list[str] | None = None, budgets: dict[str, str] | None = None, tokens: int = 2048,
                seq_len: int = 128, batch: int = 8, overwrite: bool = False, export: bool = True,
@@ -201,6 +223,12 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
         if fmts_gguf:
             notes.append("GGUF formats are measured but no GGUF is written: llama.cpp's Gemma 4 graph needs a Gemma 4 "
                          f"model, this is {model.family}")
+    gguf_file = export and model.family == "gemma4" and "gguf" in budgets
+    if gguf_file:
+        reason = gguf_blocker(model)
+        if reason:
+            notes.append(f"no GGUF is written: {reason}")
+            gguf_file = False
     check_budgets(model, fmts, budgets)
     data = held_out(eval_path, model, tokens, seq_len)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,7 +246,7 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
             files["ple"] = export_ple(model, recipes["ple"].formats, out / "recipe.ple")
             files["ple"]["measured"] = measure_ple_file(measurer, out / "recipe.ple", files["ple"]["table_only"],
                                                         recipes["ple"].formats)
-        if export and "gguf" in recipes and model.family == "gemma4":
+        if gguf_file and "gguf" in recipes:
             files["gguf"] = export_gguf_recipe(model, recipes["gguf"].formats, out / "recipe.gguf")
             measured = measure_gguf_file(measurer, out / "recipe.gguf")
             if measured is None:

@@ -103,6 +103,13 @@ def test_hf_folder_streams_to_the_same_file(run, tmp_path):
     assert {k: v for k, v in ka.items() if k != "general.name"} == {k: v for k, v in kb.items() if k != "general.name"}
     assert ta.keys() == tb.keys()
     assert all(np.array_equal(np.asarray(ta[n].data), np.asarray(tb[n].data)) for n in ta)
+    # every layer's head width / kv heads are spelled out, and plelab reads the explicit form back
+    from plelab.model.hf_interop import gemma4_folder_config
+
+    explicit = json.loads((hf / "config.json").read_text())["per_layer_config"]
+    assert explicit == {str(i): {"head_dim": 64, "num_key_value_heads": 2} for i in range(2)}
+    cfg = gemma4_folder_config(hf)
+    assert cfg.attention_shape(1) == (2, 64) and cfg.layer_types == ["sliding_attention", "full_attention"]
 
 
 def test_diagnose_hf_reads_an_export_hf_folder(run, tmp_path, capsys):

@@ -213,6 +213,16 @@ def test_recipe_on_an_hf_gemma4_folder_writes_a_gguf_llama_cpp_runs(tokenizer_js
     assert Path(gg["path"]).is_file()
     if gg["measured_in_llama_cpp"] is not None:  # 16-bit weights: llama.cpp computes nearly the fp32 model
         assert gg["measured_in_llama_cpp"]["kl"] < 1e-3
+    # without tokenizer.json: measured on token ids, no GGUF (it would carry no tokenizer), said in the notes
+    (folder / "tokenizer.json").unlink()
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.random.default_rng(0).integers(0, 320, 200))
+    out2 = tmp_path / "g4-ids"
+    assert main(["quant-recipe", "--hf", str(folder), "--eval", str(ids), "--out", str(out2), "--tokens", "96",
+                 "--seq-len", "32", "--formats", "fp16,int4/32,f16", "--budget", "int4/32", "--gguf-budget", "f16",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "gguf" not in result["files"] and any("no tokenizer.json" in n for n in result["notes"])
 
 
 def test_per_tensor_encodings_leave_other_files_unchanged(llama_run, tmp_path):
