@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Install plelab on a fresh machine (Python >= 3.10 and pip). `--test` adds the test extras and the Debian
-# packages the microcontroller tests need (arm-none-eabi-gcc, newlib, qemu-system-arm: tests/edge/test_mcu.py).
+# Install plelab on a fresh machine (Python >= 3.10 and pip). `--test` adds the test extras, among them
+# llama-cpp-python, which pip builds from source the first time (a C++ compiler is needed; pip caches the wheel),
+# unpacks llama.cpp's converter from the same release into ~/.cache/plelab (tests/hf/test_llama_cpp.py), and
+# installs the Debian packages the microcontroller tests need (arm-none-eabi-gcc, newlib, qemu-system-arm:
+# tests/edge/test_mcu.py) when they are missing.
 # torch 2.13.0 goes in first when torch is absent: a looser requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,5 +30,22 @@ if [ "${1:-}" = "--test" ]; then
       $as_root apt-get update -qq
       DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends $missing >/dev/null
     fi
+  fi
+
+  # llama.cpp's own converter, from the llama-cpp-python release the tests run against
+  ver=$("$PY" -c "from plelab.hf.llama_cpp import LLAMA_CPP_PYTHON_VERSION as v; print(v)")
+  dest=$("$PY" -c "from plelab.hf.llama_cpp import cache_root; print(cache_root())")/llama-cpp-python-$ver
+  if [ ! -f "$dest/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+    tmp=$(mktemp -d)
+    # the sdist pip just built from (pip's HTTP cache serves it again): its vendor/llama.cpp holds the converter
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$tmp"
+    top="llama_cpp_python-$ver/vendor/llama.cpp"
+    mkdir -p "$tmp/x"
+    tar -xzf "$tmp/llama_cpp_python-$ver.tar.gz" -C "$tmp/x" \
+      "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py" "$top/LICENSE"
+    mkdir -p "$(dirname "$dest")"
+    rm -rf "$dest"
+    mv "$tmp/x/llama_cpp_python-$ver" "$dest"
+    rm -rf "$tmp"
   fi
 fi

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 import time
 from pathlib import Path
@@ -21,21 +20,10 @@ from plelab.data.prepare import (
     train_tokenizer,
 )
 from plelab.data.sources import KINDS, DataError, SourceOptions, resolve_sources
+from plelab.data.tokenizer import KINDS as TOKENIZER_KINDS
 from plelab.data.tokenizer import Tokenizer
 from plelab.util.fs import check_output_path
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int | None:
-    """'20M', '1.5GB', '512k', '100000' -> bytes (decimal units; 'MiB' style is binary); 'all'/'0' -> None."""
-    if text.strip().lower() in ("all", "none", "0"):
-        return None
-    m = _SIZE.match(text)
-    if not m:
-        raise DataError(f"cannot read size {text!r} (examples: 20M, 1.5GB, 512k, all)")
-    base = 1024 if m.group(3).lower().startswith("i") else 1000
-    return int(float(m.group(1)) * base ** " kmgt".index((m.group(2) or " ").lower()))
+from plelab.util.units import parse_size
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -96,6 +84,9 @@ def add_parser(sub) -> None:
     pp.add_argument("--out", required=True, help="dataset folder to create")
     pp.add_argument("--vocab-size", type=options.positive_int,
                     help="train a BPE of this size if --tokenizer does not exist")
+    pp.add_argument("--tokenizer-kind", choices=TOKENIZER_KINDS, default="byte-level",
+                    help="kind of BPE trained when --tokenizer does not exist: byte-level (default) or gemma "
+                         "(Gemma's tokenizer.json form; needed to convert the model with llama.cpp)")
     pp.add_argument("--tokenizer-max-bytes", default="20M",
                     help="text sampled evenly across inputs to train the tokenizer (default 20M; 'all')")
     pp.add_argument("--val-fraction", type=options.fraction, default=0.005,
@@ -109,8 +100,9 @@ def add_parser(sub) -> None:
     _add_source_flags(pp)
 
     pt = add_command(
-        dsub, "tokenizer", "Train a byte-level BPE tokenizer (tokenizer.json, loadable by transformers).",
+        dsub, "tokenizer", "Train a BPE tokenizer, byte-level or Gemma-style (a tokenizer.json transformers loads).",
         "plelab data tokenizer ../shared/data/train --vocab-size 8192 --out tok8k.json\n"
+        "  plelab data tokenizer ../shared/data/train --kind gemma --vocab-size 8192 --out gemma8k.json\n"
         "  plelab data tokenizer docs/ --vocab-size 4096 --max-bytes all --out tok4k.json\n"
         "  plelab data tokenizer --byte --out byte.json",
         run_tokenizer,
@@ -121,6 +113,9 @@ def add_parser(sub) -> None:
     pt.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
     pt.add_argument("--max-bytes", default=f"{DEFAULT_TOKENIZER_SAMPLE // 1_000_000}M",
                     help="sample at most this much text, evenly across inputs (default 20M; 'all')")
+    pt.add_argument("--kind", choices=TOKENIZER_KINDS, default="byte-level",
+                    help="byte-level (default): GPT-2 style bytes; gemma: Gemma's tokenizer.json form (characters "
+                         "with byte fallback, spaces as U+2581), the one llama.cpp's Gemma 4 converter reads")
     pt.add_argument("--byte", action="store_true", help="write the plain byte tokenizer (no training)")
     pt.add_argument("--json", action="store_true", help="machine-readable output")
     _add_source_flags(pt)
@@ -150,7 +145,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     opts = _options(args)
     progress = not args.no_progress and sys.stderr.isatty()
     tok = resolve_tokenizer(args.tokenizer, args.inputs, vocab_size=args.vocab_size,
-                            max_bytes=parse_size(args.tokenizer_max_bytes), options=opts, show_progress=progress)
+                            max_bytes=parse_size(args.tokenizer_max_bytes), options=opts, show_progress=progress,
+                            kind=args.tokenizer_kind)
     m = prepare_dataset(args.inputs, tok, args.out, val_fraction=args.val_fraction, seed=args.seed, options=opts,
                         shard_tokens=args.shard_tokens, overwrite=args.overwrite, progress=progress)
     if args.json:
@@ -184,10 +180,10 @@ def run_tokenizer(args: argparse.Namespace) -> int:
         tok = Tokenizer.byte_level()
     else:
         tok = train_tokenizer(sources, args.vocab_size, max_bytes=parse_size(args.max_bytes),
-                              options=_options(args), show_progress=sys.stderr.isatty())
+                              options=_options(args), show_progress=sys.stderr.isatty(), kind=args.kind)
     path = tok.save(out)
     info = {"path": str(path), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "pad_id": tok.pad_id,
-            "sha256": tok.sha256, "seconds": round(time.perf_counter() - t0, 2)}
+            "kind": tok.kind, "sha256": tok.sha256, "seconds": round(time.perf_counter() - t0, 2)}
     if args.json:
         print_json(info)
     else:

@@ -24,6 +24,8 @@ COMMANDS = {
     "report": "plelab.cli.report",
     "export": "plelab.cli.edge",
     "export-hf": "plelab.cli.export_hf",
+    "export-gguf": "plelab.cli.export_gguf",
+    "quant-recipe": "plelab.cli.quant_recipe",
     "plan": "plelab.cli.edge",
     "run": "plelab.cli.edge",
     "vision": "plelab.cli.vision",

@@ -6,7 +6,7 @@ import argparse
 
 from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
-from plelab.experiments.tables import text_table
+from plelab.util.tables import text_table
 
 
 def add_parser(sub) -> None:

@@ -40,7 +40,7 @@ from plelab.data.sources import (
     resolve_sources,
     sample_texts,
 )
-from plelab.data.tokenizer import Tokenizer
+from plelab.data.tokenizer import KINDS, Tokenizer
 from plelab.util.fs import check_output_path, fsync_dir, pid_alive
 
 log = logging.getLogger("plelab.data")
@@ -180,10 +180,15 @@ def train_tokenizer(
     max_bytes: int | None = DEFAULT_TOKENIZER_SAMPLE,
     options: SourceOptions | None = None,
     show_progress: bool = False,
+    kind: str = "byte-level",
 ) -> Tokenizer:
-    """Train a byte-level BPE on the inputs, streaming an even sample of at most `max_bytes` across all sources."""
+    """Train a BPE of `kind` (byte-level or gemma, see plelab.data.tokenizer) on the inputs, streaming an even
+    sample of at most `max_bytes` across all sources."""
+    if kind not in KINDS:
+        raise DataError(f"tokenizer kind {kind!r} is not one of {', '.join(KINDS)}")
     sources = inputs if inputs and isinstance(inputs[0], Source) else resolve_sources(list(inputs), options)
-    return Tokenizer.train_bpe(sample_texts(sources, max_bytes, options), vocab_size, show_progress=show_progress)
+    train = Tokenizer.train_gemma if kind == "gemma" else Tokenizer.train_bpe
+    return train(sample_texts(sources, max_bytes, options), vocab_size, show_progress=show_progress)
 
 
 def resolve_tokenizer(
@@ -194,9 +199,10 @@ def resolve_tokenizer(
     max_bytes: int | None = DEFAULT_TOKENIZER_SAMPLE,
     options: SourceOptions | None = None,
     show_progress: bool = False,
+    kind: str = "byte-level",
 ) -> Tokenizer:
     """Load `spec` (a tokenizer.json or folder holding one); `byte` = the byte tokenizer; a missing file is trained
-    on `inputs` and saved there when `vocab_size` is given."""
+    (a BPE of `kind`) on `inputs` and saved there when `vocab_size` is given."""
     p = Path(spec)
     if str(spec) == "byte" and not p.exists():
         return Tokenizer.byte_level()
@@ -211,7 +217,8 @@ def resolve_tokenizer(
     if not inputs:
         raise DataError(f"{spec}: tokenizer not found and no inputs to train one on")
     t0 = time.perf_counter()
-    tok = train_tokenizer(inputs, vocab_size, max_bytes=max_bytes, options=options, show_progress=show_progress)
+    tok = train_tokenizer(inputs, vocab_size, max_bytes=max_bytes, options=options, show_progress=show_progress,
+                          kind=kind)
     tok.save(p)
     log.info("trained a %d-token BPE in %.1f s -> %s", tok.vocab_size, time.perf_counter() - t0, p)
     return tok

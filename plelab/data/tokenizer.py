@@ -1,9 +1,16 @@
-"""Tokenizers: byte-level BPE (trained with `tokenizers`) and a plain byte tokenizer, behind one small class.
+"""Tokenizers: byte-level BPE, Gemma-style BPE (both trained with `tokenizers`) and a plain byte tokenizer.
 
-Both kinds are `tokenizers.Tokenizer` objects underneath and are saved as a `tokenizer.json` that
-`transformers.PreTrainedTokenizerFast(tokenizer_file=...)` loads. Special tokens come first:
-`<|endoftext|>` is id 0 and `<|pad|>` id 1. `Tokenizer.sha256` hashes the exact tokenizer.json text, so a
-dataset manifest or a checkpoint can tell whether it was made with the same tokenizer as a model.
+All kinds are `tokenizers.Tokenizer` objects underneath and are saved as a `tokenizer.json` that
+`transformers.PreTrainedTokenizerFast(tokenizer_file=...)` loads. `Tokenizer.sha256` hashes the exact
+tokenizer.json text, so a dataset manifest or a checkpoint can tell whether it was made with the same
+tokenizer as a model.
+
+    byte-level (default)  GPT-2 / Llama-3 style: text as bytes mapped to printable characters, Llama-3's split
+                          regex; `<|endoftext|>` is id 0, `<|pad|>` id 1
+    gemma                 what Gemma's own tokenizer.json is: spaces normalised to "▁", BPE over characters with
+                          byte fallback (`<0x00>` ... `<0xFF>`), the decoder Replace("▁", " ") + ByteFallback +
+                          Fuse; `<pad>` 0, `<eos>` 1 (end of text), `<unk>` 2, the 256 byte tokens 3..258.
+                          llama.cpp's Gemma 4 converter reads only this kind (its `LlamaHfVocab`)
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from plelab.errors import PlelabError
@@ -22,8 +29,20 @@ from plelab.util.fs import atomic_write_bytes
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = (EOT, PAD)
+GEMMA_SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+"""The Gemma-style tokenizer's specials, in id order (Gemma's names: llama.cpp treats `<eos>` as end of generation)."""
+KINDS = ("byte-level", "gemma")
+"""Tokenizers `plelab data tokenizer --kind` trains."""
 # End-of-text names used by tokenizers made elsewhere, so a foreign tokenizer.json still works.
 _EOT_CANDIDATES = (EOT, "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>")
+_PAD_CANDIDATES = (PAD, "<pad>")
+_GEMMA_BYTES = tuple(f"<0x{b:02X}>" for b in range(256))
+# Word boundaries while *training* the Gemma-style BPE: every newline alone, and a new word at each "▁". No merge
+# learned this way joins a newline to anything or has a "▁" after its first character, so applying the merges to
+# a whole text (what Gemma's tokenizer.json and llama.cpp's gemma4 tokenizer do; llama.cpp also cuts at newline
+# runs) gives the same tokens as applying them word by word.
+_GEMMA_TRAIN_SPLIT = [pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
+                      pre_tokenizers.Split("▁", behavior="merged_with_next")]
 
 # Llama-3-style split: letters, 1-3 digit groups, punctuation, newline runs. Every pretoken that contains a
 # newline ends at the end of that newline run, which is what makes `split_pieces` encoding-preserving.
@@ -61,6 +80,28 @@ def _byte_level_pipeline(tok: _HFTokenizer, use_regex: bool) -> None:
     tok.decoder = decoders.ByteLevel()
 
 
+def gemma_style(vocab: dict[str, int], merges: list[tuple[str, str]]) -> _HFTokenizer:
+    """A tokenizers.Tokenizer with Gemma's tokenizer.json pipeline around a BPE `vocab` / `merges`."""
+    tok = _HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    # Gemma's split on " " comes after the normaliser removed every " ": it keeps the text whole.
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([t for t in GEMMA_SPECIAL_TOKENS if t in vocab])
+    return tok
+
+
+def tokenizer_kind(json_text: str) -> str:
+    """'byte-level', 'gemma' (BPE with byte fallback and a Sequence decoder) or 'other', from tokenizer.json."""
+    d = json.loads(json_text)
+    model, decoder = d.get("model") or {}, d.get("decoder") or {}
+    if model.get("type") == "BPE" and model.get("byte_fallback") and decoder.get("type") == "Sequence":
+        return "gemma"
+    if "ByteLevel" in json.dumps(d.get("pre_tokenizer")) or decoder.get("type") == "ByteLevel":
+        return "byte-level"
+    return "other"
+
+
 class Tokenizer:
     """A tokenizer.json-backed tokenizer: encode/decode, vocab size, end-of-text id, content hash."""
 
@@ -69,6 +110,8 @@ class Tokenizer:
         # Keep the exact text we were loaded from so save() reproduces it byte for byte (stable sha256).
         self._json = json_text if json_text is not None else backend.to_str(pretty=True)
         self.sha256: str = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
+        self.kind: str = tokenizer_kind(self._json)
+        """'byte-level', 'gemma' or 'other' (see `tokenizer_kind`)."""
         vocab = backend.get_vocab(with_added_tokens=True)
         # max id + 1, not len(vocab): an embedding must cover every id even if the vocabulary has holes.
         self.vocab_size: int = max(vocab.values()) + 1 if vocab else 0
@@ -76,7 +119,9 @@ class Tokenizer:
         if eot is None:
             raise TokenizerError(f"tokenizer has no end-of-text token (looked for {', '.join(_EOT_CANDIDATES)})")
         self.eot_id: int = eot
-        self.pad_id: int | None = backend.token_to_id(PAD)
+        self.pad_id: int | None = next(
+            (backend.token_to_id(t) for t in _PAD_CANDIDATES if backend.token_to_id(t) is not None), None
+        )
 
     # --- construction -------------------------------------------------------------------------------------------
 
@@ -118,6 +163,39 @@ class Tokenizer:
         )
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
+
+    @classmethod
+    def train_gemma(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int,
+        *,
+        min_frequency: int = 2,
+        show_progress: bool = False,
+    ) -> Tokenizer:
+        """Train a Gemma-style BPE (characters, byte fallback, "▁" for spaces; see the module docstring)."""
+        specials = list(GEMMA_SPECIAL_TOKENS)
+        floor = len(specials) + len(_GEMMA_BYTES) + 1
+        if vocab_size < floor:
+            raise TokenizerError(f"vocab size {vocab_size} is too small for a Gemma-style BPE (minimum {floor}: "
+                                 f"{len(specials)} specials, 256 byte tokens, one character)")
+        learned = vocab_size - len(_GEMMA_BYTES)  # the byte tokens are added after training
+        trainer_tok = _HFTokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+        trainer_tok.normalizer = normalizers.Replace(" ", "▁")
+        trainer_tok.pre_tokenizer = pre_tokenizers.Sequence(_GEMMA_TRAIN_SPLIT)
+        trainer = trainers.BpeTrainer(
+            vocab_size=learned, min_frequency=min_frequency, special_tokens=specials, show_progress=show_progress,
+            # Rare characters are left to the byte fallback, as SentencePiece's character coverage does.
+            limit_alphabet=max(1, min(1000, (learned - len(specials)) // 2)),
+        )
+        trainer_tok.train_from_iterator(texts, trainer=trainer)
+        trained = json.loads(trainer_tok.to_str())["model"]
+        order = sorted(trained["vocab"].items(), key=lambda kv: kv[1])
+        vocab = {t: i for i, t in enumerate(specials + list(_GEMMA_BYTES))}
+        for token, _ in order:
+            vocab.setdefault(token, len(vocab))
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in trained["merges"]]
+        return cls(gemma_style(vocab, merges))
 
     @classmethod
     def from_json(cls, text: str) -> Tokenizer:
@@ -195,8 +273,18 @@ class Tokenizer:
 
         eot = self.id_to_token(self.eot_id)
         pad = self.id_to_token(self.pad_id) if self.pad_id is not None else None
+        unk = {"unk_token": "<unk>"} if self.token_to_id("<unk>") is not None else {}
         return PreTrainedTokenizerFast(tokenizer_object=self._tok.__class__.from_str(self._json),
-                                       eos_token=eot, bos_token=eot, pad_token=pad)
+                                       eos_token=eot, bos_token=eot, pad_token=pad, **unk)
+
+    def padded_to(self, vocab_size: int) -> Tokenizer:
+        """This tokenizer with special tokens `<unusedN>` appended up to `vocab_size` ids (a model's embedding may
+        have more rows than its tokenizer has ids; llama.cpp wants one token per row). Encoding is unchanged."""
+        if vocab_size <= self.vocab_size:
+            return self
+        tok = _HFTokenizer.from_str(self._json)
+        tok.add_special_tokens([f"<unused{i}>" for i in range(vocab_size - self.vocab_size)])
+        return Tokenizer(tok)
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id}, sha256={self.sha256[:12]})"

@@ -66,11 +66,17 @@ class ExportOptions:
     """Flash page size: no PLE record straddles a page boundary (0 = no constraint)."""
     scale_search: bool = True
     """Per-group search for the least-squared-error scale (int8 / int4)."""
+    encodings: dict[str, Encoding] = dataclasses.field(default_factory=dict)
+    """Per-tensor encodings overriding `quant`/`group`: a file tensor name, or the row-table parts "ple" and
+    "embed" (a quantization recipe, plelab quant-recipe). Recorded in the file's quant metadata."""
 
     def __post_init__(self) -> None:
         if self.quant not in EXPORT_QUANTS:
             raise ExportError(f"--quant must be {', '.join(EXPORT_QUANTS[:-1])} or {EXPORT_QUANTS[-1]}, "
                               f"got {self.quant!r}")
+        bad = [k for k, e in self.encodings.items() if not isinstance(e, Encoding) or e.dtype not in EXPORT_QUANTS]
+        if bad:
+            raise ExportError(f"per-tensor encodings must be {', '.join(EXPORT_QUANTS)} Encodings ({', '.join(bad)})")
         for name, low in (("group", 1), ("align", 1), ("page", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -152,20 +158,22 @@ def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str
     if cfg.ple_layers:  # from the config: a model from `random_model` holds a one-row stand-in table
         shapes[PLE_TABLE] = (cfg.ple_vocab_size, len(cfg.ple_layers) * cfg.ple.dim)
     H = cfg.hidden_size
-    embed_part = Part("embed", opts.matrix_enc, H)
+    embed_enc = opts.encodings.get("embed", opts.matrix_enc)
+    embed_part = Part("embed", embed_enc, H)
     tables = []
     if PLE_TABLE in shapes:
         if opts.embed_in_record and cfg.ple_vocab_size != cfg.vocab_size:
             raise ExportError(f"--embed-in-record needs ple.vocab_size == vocab_size "
                               f"({cfg.ple_vocab_size} != {cfg.vocab_size})")
         rows, width = shapes[PLE_TABLE]
-        parts = [Part("ple", opts.matrix_enc, width)] + ([embed_part] if opts.embed_in_record else [])
+        parts = [Part("ple", opts.encodings.get("ple", opts.matrix_enc), width)] + (
+            [embed_part] if opts.embed_in_record else [])
         tables.append(Table("ple", rows, parts, opts.align, opts.page))
     elif opts.embed_in_record:
         raise ExportError("--embed-in-record needs a model with PLE (ple.dim > 0)")
     in_record = bool(tables) and opts.embed_in_record
     if cfg.tie_embeddings or not in_record:
-        tables.append(Table("embed", cfg.vocab_size, [Part("embed", opts.matrix_enc, H)]))
+        tables.append(Table("embed", cfg.vocab_size, [Part("embed", embed_enc, H)]))
     tensors = []
     for name, shape in shapes.items():
         if name in (PLE_TABLE, EMBED):
@@ -174,10 +182,12 @@ def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str
         if name.endswith("mask_logits"):
             enc = Encoding("u1")
         else:
-            enc = opts.vector_enc if len(shape) == 1 else opts.matrix_enc
+            enc = opts.vector_enc if len(shape) == 1 else opts.encodings.get(name, opts.matrix_enc)
         tensors.append(TensorEntry(name, shape, enc, numel))
     quant = {"dtype": opts.quant, "group": opts.group, "scale_search": opts.scale_search,
              "embed_in_record": in_record, "align": opts.align, "page": opts.page}
+    if opts.encodings:  # only then: files without a recipe keep their exact bytes
+        quant["encodings"] = {k: e.to_json() for k, e in sorted(opts.encodings.items())}
     return Layout(to_dict(cfg), derived(cfg), quant, tensors, tables, tokenizer, source or {})
 
 

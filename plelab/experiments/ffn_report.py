@@ -20,8 +20,8 @@ from plelab.experiments.ffn_study import (
     load_study,
     study_records,
 )
-from plelab.experiments.pages import Block, fmt, write_pages
 from plelab.util.fs import atomic_write_bytes
+from plelab.util.pages import Block, fmt, write_pages
 
 SIGN_MARK = {1: " ▲", -1: " ▼", 0: "", None: ""}
 """Appended to a Δ cell: significantly worse (▲) / better (▼) by the paired t-test of the rules."""

@@ -24,8 +24,8 @@ from plelab.experiments.law import (
     prediction_record,
     ratio_text,
 )
-from plelab.experiments.pages import RECORDS_FILE, Block, fmt, plain_data, to_html, to_markdown
 from plelab.util.fs import atomic_write_bytes, check_output_path
+from plelab.util.pages import RECORDS_FILE, Block, fmt, plain_data, to_html, to_markdown
 
 PRIMARY = {"heldout": "the prepared data's held-out split", "loss": "macro over the evaluation domains"}
 

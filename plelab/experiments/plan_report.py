@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from plelab.experiments.pages import Block, fmt
+from plelab.util.pages import Block, fmt
 
 BANNER = {
     "registered": "Analysis plan `{source}` (sha256 {sha}) was registered in the sweep database on {when}, before "

@@ -1,5 +1,5 @@
 """The sweep report (any sweep folder): seed tables, paired deltas, verdicts, per-domain losses and plots, as
-report.md and a self-contained report.html (plelab.experiments.pages)."""
+report.md and a self-contained report.html (plelab.util.pages)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from plelab.experiments.analysis import NOISE_SIGMAS
-from plelab.experiments.pages import Block, fmt, pm, write_pages
+from plelab.util.pages import Block, fmt, pm, write_pages
 
 
 def _counts(c: dict[str, int]) -> str:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
-from plelab.experiments.pages import Block, fmt, plain_data, write_pages
 from plelab.experiments.review import ffn_review, upgrade_law, visual_review
 from plelab.util.fs import atomic_write_bytes
+from plelab.util.pages import Block, fmt, plain_data, write_pages
 
 POST_HOC = ("Post hoc: recomputed after the runs, from the committed report's means ± s.e. over 3 seeds (the "
             "per-seed values and the sweep database were not committed), under rules that were not registered "

@@ -598,6 +598,10 @@ def _gemma4_full_layer_overrides(c: Mapping[str, Any], layer_types: list[str]) -
         return c.get("global_head_dim", 512), kv
     overrides = {int(k): dict(v) for k, v in per_layer.items()}
     full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    # An explicitly serialised config (serialize_explicit_per_layer_config) lists every layer; the sliding ones
+    # then repeat the global values, which is no override.
+    glob = {"head_dim": c.get("head_dim"), "num_key_value_heads": c.get("num_key_value_heads")}
+    overrides = {i: o for i, o in overrides.items() if i in full or any(o.get(k, glob[k]) != glob[k] for k in o)}
     wrong = sorted(set(overrides) - set(full)) + [i for i in full if overrides.get(i) != overrides.get(full[0])]
     extra = {k for v in overrides.values() for k in v} - {"head_dim", "num_key_value_heads"}
     if wrong or extra:
@@ -607,6 +611,16 @@ def _gemma4_full_layer_overrides(c: Mapping[str, Any], layer_types: list[str]) -
         )
     first = overrides.get(full[0], {}) if full else {}
     return first.get("head_dim"), first.get("num_key_value_heads")
+
+
+def full_attention_overrides(cfg: ModelConfig) -> dict[int, dict[str, int]]:
+    """{layer: {"head_dim", "num_key_value_heads"}} of every full-attention layer (HF `per_layer_config`)."""
+    out = {}
+    for i, kind in enumerate(cfg.layer_types):
+        if kind == "full_attention":
+            kv, head_dim = cfg.attention_shape(i)
+            out[i] = {"head_dim": head_dim, "num_key_value_heads": kv}
+    return out
 
 
 def hf_gemma4_config(cfg: ModelConfig, **overrides: Any) -> Any:
@@ -622,8 +636,6 @@ def hf_gemma4_config(cfg: ModelConfig, **overrides: Any) -> Any:
     except ImportError as e:
         raise HFInteropError("transformers with Gemma 4 is not installed (pip install 'plelab[hf]')") from e
     g = cfg.gemma4
-    full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
-    kv, head_dim = cfg.attention_shape(full[0])
     full_rope = {"rope_type": "proportional", "partial_rotary_factor": g.full_rotary_fraction,
                  "rope_theta": g.full_rope_theta}
     kwargs = dict(
@@ -637,7 +649,7 @@ def hf_gemma4_config(cfg: ModelConfig, **overrides: Any) -> Any:
         hidden_size_per_layer_input=cfg.ple.dim, vocab_size_per_layer_input=cfg.ple_vocab_size,
         attention_k_eq_v=g.attention_k_eq_v, num_kv_shared_layers=g.num_kv_shared_layers,
         use_double_wide_mlp=g.double_wide_mlp, attention_bias=False, enable_moe_block=False,
-        per_layer_config={i: {"head_dim": head_dim, "num_key_value_heads": kv} for i in full},
+        per_layer_config=full_attention_overrides(cfg),
     )
     kwargs.update(overrides)
     try:

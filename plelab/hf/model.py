@@ -32,12 +32,18 @@ class StreamedEmbedding(nn.Module):
         super().__init__()
         self.info, self.scale, self.dtype = info, scale, dtype
         self.num_embeddings, self.embedding_dim = info.shape
+        self.row_transform = None
+        """Optional (n, width) float32 -> float32 applied to the rows read (the quantization recipe stores them
+        in a format and reads them back this way, row by row, as the exports quantize the table)."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.detach().reshape(-1).cpu().numpy()
         if len(flat) and (flat.min() < 0 or flat.max() >= self.num_embeddings):
             raise IndexError(f"token id {int(flat.max())} outside the PLE table's {self.num_embeddings} rows")
-        rows = gather_rows(self.info, flat).to(self.dtype) * torch.tensor(self.scale, dtype=self.dtype)
+        rows = gather_rows(self.info, flat)
+        if self.row_transform is not None:
+            rows = torch.from_numpy(self.row_transform(rows.numpy()))
+        rows = rows.to(self.dtype) * torch.tensor(self.scale, dtype=self.dtype)
         return rows.view(*ids.shape, self.embedding_dim).to(ids.device)
 
     def read_rows(self, ids: np.ndarray) -> torch.Tensor:
@@ -144,8 +150,10 @@ def text_model_skeleton(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32,
     except (ValueError, TypeError, KeyError) as exc:
         raise HFCheckpointError(f"{ckpt.path}: transformers rejects the text config ({exc})") from None
     cfg._attn_implementation = attn_implementation
-    real_rows = cfg.vocab_size_per_layer_input
+    real_rows, pad = cfg.vocab_size_per_layer_input, cfg.pad_token_id
     cfg.vocab_size_per_layer_input = 1  # a one-row stand-in: the real table stays on disk
+    # The embeddings' padding_idx only shapes training gradients, and a pad id >= 1 does not fit a one-row table.
+    cfg.pad_token_id = None
     default = torch.get_default_dtype()
     try:  # built in place in its dtype and on its device: never a float32 copy of the whole model in RAM
         torch.set_default_dtype(dtype)
@@ -153,7 +161,7 @@ def text_model_skeleton(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32,
             lm = model_cls(cfg)
     finally:
         torch.set_default_dtype(default)
-        cfg.vocab_size_per_layer_input = real_rows
+        cfg.vocab_size_per_layer_input, cfg.pad_token_id = real_rows, pad
     return lm
 
 

@@ -21,8 +21,12 @@ from plelab.hf.interop import HFInteropError, hf_gemma4_config, hf_gemma4_state_
 from plelab.util.fs import check_output_path, fsync_dir
 
 
-def export_hf(run: str | Path, out: str | Path, overwrite: bool = False) -> Path:
-    """Export the newest checkpoint of `run` (or a checkpoint folder) to the HF folder `out`; returns `out`."""
+def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transformers_only: bool = False) -> Path:
+    """Export the newest checkpoint of `run` (or a checkpoint folder) to the HF folder `out`; returns `out`.
+
+    The folder is what llama.cpp's convert_hf_to_gguf.py reads, which needs a Gemma-style tokenizer: a run with
+    another tokenizer is refused unless `transformers_only` (the folder then loads in transformers only).
+    """
     from plelab.inference.load import checkpoint_tokenizer, load_model
 
     out = check_output_path(out, overwrite=overwrite, inputs=(run,), is_dir=True)
@@ -39,10 +43,21 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False) -> Path
             "looks every id up in the PLE table, so it cannot run this model"
         )
     tokenizer = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
+    if tokenizer.kind != "gemma" and not transformers_only:
+        raise HFInteropError(
+            f"{run} uses a {tokenizer.kind} tokenizer; llama.cpp's Gemma 4 converter reads only Gemma-style ones: "
+            "train with `plelab data tokenizer --kind gemma` (or `data prepare --tokenizer-kind gemma`), use "
+            "`plelab export-gguf` (it converts this vocabulary), or pass --transformers-only"
+        )
+    # One token per embedding row (llama.cpp checks it); the extra ids are `<unusedN>`, never produced by encoding.
+    tokenizer = tokenizer.padded_to(cfg.vocab_size)
     hf_config = hf_gemma4_config(
         cfg, eos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.eot_id,
     )
     hf_config.architectures = ["Gemma4ForCausalLM"]
+    # Every layer's head width and kv heads spelled out in config.json (transformers drops overrides equal to the
+    # global value, leaving `{}`), also through AutoConfig: llama.cpp's converter asserts the full layers' are there.
+    hf_config.serialize_explicit_per_layer_config = True
     hf_config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     weights = {k: v.contiguous() for k, v in hf_gemma4_state_dict(model).items()}
 

@@ -65,7 +65,7 @@ def one_line_error(capsys, argv: list[str]) -> str:
 
 def test_export_loads_as_gemma4_with_same_logits_and_greedy_text(setup, capsys):
     out = setup / "hf-out"
-    assert main(["export-hf", str(setup / "run"), str(out)]) == 0
+    assert main(["export-hf", str(setup / "run"), str(out), "--transformers-only"]) == 0  # a byte-level tokenizer
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
         p.name for p in out.iterdir()
     }
@@ -91,7 +91,7 @@ def test_export_refuses_existing_folder_without_overwrite(setup, capsys):
     (out / "keep.txt").write_text("mine")
     assert "--overwrite" in one_line_error(capsys, ["export-hf", str(setup / "run"), str(out)])
     assert (out / "keep.txt").read_text() == "mine"
-    assert main(["export-hf", str(setup / "run"), str(out), "--overwrite"]) == 0
+    assert main(["export-hf", str(setup / "run"), str(out), "--overwrite", "--transformers-only"]) == 0
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".hf-again")]  # no temp folder left
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plelab.experiments.tables import html_table, markdown_table
 from plelab.util.fs import atomic_write_bytes, check_output_path
+from plelab.util.tables import html_table, markdown_table
 
 # ("h", level, text) | ("p", text) | ("list", items) | ("table", headers, rows) | ("img", stem, caption, png)
 Block = tuple
