@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
                    help="replace a different run (or other files) already in --out instead of refusing")
     p.add_argument("--init-from-hf", metavar="PATH",
                    help="start from a local Hugging Face Gemma 4 folder: its config.json replaces the config's "
-                   "[model] (arch=gemma4), its safetensors weights the random initialisation")
+                   "[model] (arch=gemma4), its safetensors weights the random initialisation (sets init_from_hf; "
+                   "recorded, so --resume and torchrun ranks use it too)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     add_set_flag(p)
@@ -83,18 +84,11 @@ def _run(args: argparse.Namespace) -> int:
     else:
         raise PlelabError("give a training config (or --resume an existing run directory)")
     if args.init_from_hf:
-        from plelab.model.hf_interop import gemma4_folder_config, load_hf_gemma4_weights
-
         if args.resume:
-            raise PlelabError("--init-from-hf starts a new run; --resume continues one from its own checkpoint")
-        cfg = dataclasses.replace(cfg, model=gemma4_folder_config(args.init_from_hf, cfg.model))
+            raise PlelabError("--init-from-hf starts a new run; --resume continues one (its config.json records "
+                              "the folder it started from)")
+        cfg = dataclasses.replace(cfg, init_from_hf=args.init_from_hf)
     trainer = trainer_class(cfg)(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
-    if args.init_from_hf:
-        try:
-            load_hf_gemma4_weights(trainer.model, args.init_from_hf)
-        except BaseException:
-            trainer.close()
-            raise
     try:
         final = trainer.run()
     except KeyboardInterrupt:

@@ -29,7 +29,7 @@ from plelab.errors import PlelabError
 from plelab.experiments.sweep import RESOLVED_FILE, Sweep, SweepPoint
 from plelab.experiments.sweep_store import SweepStore, config_diff
 from plelab.training.callbacks import Callback
-from plelab.training.config import TrainConfig, train_config_dict
+from plelab.training.config import TrainConfig, legacy_view, train_config_dict
 from plelab.util.fs import atomic_write_bytes, check_output_path, pid_alive
 
 RESULT_FILE = "result.json"
@@ -82,7 +82,7 @@ def changed_fields(point: SweepPoint, run_dir: Path, row: dict[str, Any] | None)
     if old is None:
         return []
     defaults = json.loads(json.dumps(train_config_dict(TrainConfig())))
-    return config_diff(old, json.loads(json.dumps(point.config_dict())), defaults)
+    return config_diff(legacy_view(old), json.loads(json.dumps(legacy_view(point.config_dict()))), defaults)
 
 
 def _fields_text(fields: list[str], limit: int = 6) -> str:

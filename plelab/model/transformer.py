@@ -227,14 +227,22 @@ class LanguageModel(nn.Module):
             self.layers = nn.ModuleList(layers)
             self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, fn=self.ops.rms_norm)
             self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if not skeleton:
-            self.to_empty(device="cpu")
-        cos, sin = self.rope_buffers(cfg, "meta" if skeleton else "cpu")
+        cos, sin = self.rope_buffers(cfg, "meta")
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if not skeleton:
-            self.reset_parameters()
-            self.to(target)
+            self.materialize(target)
+
+    def materialize(self, device: torch.device | str | None = None) -> LanguageModel:
+        """Give a meta-device skeleton real weights: allocated and initialised on the CPU from the global RNG, as
+        the constructor does for a real device, then moved to `device`; returns self.
+
+        A part swapped in before (a PLE table holding only some rows: plelab.parallel) gets the numbers the
+        whole model would give it, so nothing bigger than that part is ever allocated."""
+        self.to_empty(device="cpu")
+        self.rope_cos, self.rope_sin = self.rope_buffers(self.config, "cpu")
+        self.reset_parameters()
+        return self.to(device if device is not None else torch.get_default_device())
 
     @staticmethod
     def rope_buffers(cfg: ModelConfig, device=None) -> tuple[Tensor, Tensor]:

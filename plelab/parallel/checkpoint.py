@@ -65,14 +65,15 @@ class ShardLayout:
         return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=(rows, dim), stride=(dim, 1))
 
     def part_of(self, name: str, full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """This rank's part of a full (single-process) tensor, shaped like the local tensor `like`."""
+        """This rank's part of a full (single-process) tensor, shaped like the local tensor `like` (the table's
+        rows are a view: the caller copies them)."""
         if isinstance(like, DTensor):
             lo, hi = shard_bounds(full.shape[0], self.world)
             return DTensor.from_local(full[lo:hi].clone(), like.device_mesh, like.placements, run_check=False,
                                       shape=full.shape, stride=full.stride())
         if self.table is not None and name == TABLE_WEIGHT:
             lo, hi = shard_bounds(full.shape[0], self.world)
-            return full[lo:hi].clone()
+            return full[lo:hi]
         return full
 
 
@@ -163,18 +164,36 @@ def load_training_state_only(ckpt: Path) -> dict[str, Any]:
 
 
 def _load_single(ckpt: Path, model: nn.Module, optimizer: Optimizer, layout: ShardLayout) -> dict[str, Any]:
-    """A single-process checkpoint into this rank's parts (each rank reads the files, keeps its share)."""
-    from safetensors.torch import load_file
+    """A single-process checkpoint into this rank's parts: each rank reads its rows of the PLE table (and of its
+    Adam moments) and the other tensors one at a time, never the whole table."""
+    from safetensors import safe_open
 
-    full = unpack_mask_weights(load_file(str(Path(ckpt) / "model.safetensors")), model)
     model_state = model.state_dict()
-    missing = sorted(set(model_state) - set(full))
-    if missing:
-        raise CheckpointError(f"{ckpt}: weights missing for {missing[:5]}")
-    for k, v in model_state.items():
-        _copy_into(v, layout.part_of(k, full[k], v))
-    del full
-    state = load_training_state(ckpt)
+    with safe_open(str(Path(ckpt) / "model.safetensors"), framework="pt") as f:
+        missing = sorted(set(model_state) - {k.removesuffix("mask_bits") + "mask_logits" if k.endswith("mask_bits")
+                                             else k for k in f.keys()})
+        if missing:
+            raise CheckpointError(f"{ckpt}: weights missing for {missing[:5]}")
+        for key in f.keys():
+            if layout.table is not None and key == TABLE_WEIGHT:
+                rows = f.get_slice(key)
+                shape = tuple(rows.get_shape())
+                if shape != (layout.table.num_rows, layout.table.embedding_dim):
+                    raise CheckpointError(f"{ckpt}: {key} has shape {shape} but the model needs "
+                                          f"{(layout.table.num_rows, layout.table.embedding_dim)} (was the model "
+                                          "shape changed?)")
+                lo, hi = shard_bounds(shape[0], layout.world)
+                _copy_into(model_state[key], rows[lo:hi])
+                continue
+            (name, value), = unpack_mask_weights({key: f.get_tensor(key)}, model).items()
+            target = model_state[name]
+            whole = tuple(target.shape) if not isinstance(target, DTensor) else tuple(target.size())
+            if tuple(value.shape) != whole:
+                raise CheckpointError(f"{ckpt}: {name} has shape {tuple(value.shape)} but the model needs {whole} "
+                                      "(was the model shape changed?)")
+            _copy_into(target, layout.part_of(name, value, target))
+    # mmap: only this rank's rows of the table's Adam moments are read from disk.
+    state = load_training_state(ckpt, mmap=True)
     params = optimizer.named_params()
     named = optimizer.named_from_state_dict(state.pop("optimizer"))
     optimizer.load_named_state({

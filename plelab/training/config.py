@@ -51,6 +51,11 @@ class TrainConfig:
     model's ple.sparse_grad when the run builds it (plelab.training.optim.model_config_for)."""
     seed: int = 1337
     """Seed for initialisation, data order and sampling."""
+    init_from_hf: str = ""
+    """A local Hugging Face Gemma 4 folder to start from (`plelab train --init-from-hf PATH` sets it): its
+    config.json replaces [model] (arch = gemma4) and its weights the random initialisation when the model is built,
+    on every rank its own rows of the PLE table. Recorded with the run, so `--resume` before the first checkpoint
+    starts from these weights again; a checkpoint, once written, is what resume reads."""
     device: str = "auto"
     """auto (cuda, then mps, then cpu), or an explicit torch device."""
     dtype: str = "auto"
@@ -65,11 +70,13 @@ class TrainConfig:
     the first steps are slow while it compiles."""
     pin_memory: bool = True
     """On CUDA, copy each batch through pinned host memory with non_blocking=True (no effect on the CPU)."""
-    parallel: str = "none"
-    """Under torchrun: "ddp" (weights replicated, gradients all-reduced) or "fsdp" (FSDP2 fully_shard per decoder
-    layer + root: weights, gradients and optimizer state sharded). Either way the PLE table is split by
-    vocabulary across ranks (plelab.parallel). batch_size is then the global batch (divisible by the world
-    size). One process without torchrun ignores it and trains as with "none"."""
+    parallel: str = "auto"
+    """auto = "ddp" when started on several ranks (torchrun), one process otherwise; or explicitly "ddp" (weights
+    replicated, gradients all-reduced), "fsdp" (FSDP2 fully_shard per decoder layer + root: weights, gradients
+    and optimizer state sharded) or "none" (one process; refused on several ranks). On several ranks the PLE
+    table is split by vocabulary (plelab.parallel) and batch_size is the global batch (divisible by the world
+    size). One process without torchrun trains alone whatever this says. Hashes and sweep comparisons read
+    "auto" as "none", the former default (see LEGACY_DEFAULTS)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of storing them (less memory, ~1/3
     more compute)."""
@@ -125,8 +132,8 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.parallel not in ("none", "ddp", "fsdp"):
-            raise ConfigError(f"parallel must be none, ddp or fsdp, got {self.parallel!r}")
+        if self.parallel not in ("auto", "none", "ddp", "fsdp"):
+            raise ConfigError(f"parallel must be auto, none, ddp or fsdp, got {self.parallel!r}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if self.vision.enabled:
@@ -141,6 +148,21 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         """Tokens consumed per optimizer step."""
         return self.batch_size * self.grad_accum * self.context
+
+
+LEGACY_DEFAULTS: dict[str, tuple[Any, Any]] = {"parallel": ("auto", "none")}
+"""Fields whose default changed after run hashes were introduced: {field: (new default, former default)}. In one
+process, where sweeps train, the new default trains exactly as the former one did; config hashes and sweep config
+comparisons read it as the former value (`legacy_view`), so existing sweeps keep their run keys and their work."""
+
+
+def legacy_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A train_config_dict with every new default of LEGACY_DEFAULTS written as the former one (for hashing)."""
+    out = dict(config)
+    for name, (new, former) in LEGACY_DEFAULTS.items():
+        if out.get(name) == new:
+            out[name] = former
+    return out
 
 
 def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:

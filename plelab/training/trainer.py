@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from plelab.data.loader import BatchLoader
+from plelab.errors import PlelabError
 from plelab.inference.device import choose_precision, fused_adamw, pick_device
 from plelab.model.transformer import LanguageModel
 from plelab.parallel.engine import Parallel
@@ -103,6 +104,7 @@ class Trainer:
         quiet: bool = False,
         overwrite: bool = False,
     ):
+        cfg = self.with_init_model(cfg, resume)
         self.config = cfg
         self.run_dir = check_output_path(run_dir, is_dir=True, overwrite=True)
         self.parallel = Parallel(cfg, pick_device(cfg.device))
@@ -132,10 +134,14 @@ class Trainer:
                 self.log_line(f"removed {len(removed)} leftover(s) of an interrupted run: "
                               + ", ".join(p.name for p in removed))
             self.data = self.build_data(cfg)
+            # (checkpoint, config changes) to continue from; None: training starts from the initial weights.
+            found = self._find_resume_point() if resume else None
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
             self.model = self.build_model(cfg)
+            if found is None and cfg.init_from_hf:
+                self.load_initial_weights(cfg.init_from_hf)
             # The module a step calls: the model itself, or DDP / FSDP2 over it with the PLE table sharded.
             self.train_model = self.parallel.wrap(self.model, bf16=self.precision.name == "bf16")
             self.optimizer = Optimizer(self.model, cfg, fused=fused_adamw(self.device))
@@ -143,9 +149,9 @@ class Trainer:
                 self.model.compile()  # in place: parameter names (checkpoints) unchanged
             self.params = [p for p in self.model.parameters() if p.requires_grad]
             self.aux_modules = aux_loss_modules(self.model)
-            if resume:
-                self._resume()
-            else:
+            if found is not None:
+                self._resume(*found)
+            elif not resume:
                 self.parallel.on_main(lambda: self._start_fresh(overwrite))
         except BaseException:
             self.close()
@@ -162,8 +168,34 @@ class Trainer:
 
     def build_model(self, cfg: TrainConfig) -> torch.nn.Module:
         """The model, initialised from the global RNG just seeded; `forward(inputs, targets, return_logits=False)`
-        must return (_, loss). A subclass returns its own."""
-        return LanguageModel(model_config_for(cfg), device=self.device)
+        must return (_, loss). A subclass returns its own.
+
+        Built on the meta device and then given real weights by `Parallel.materialize`: on several ranks each
+        holds only its rows of the PLE table, drawn as one process draws them (never the whole table)."""
+        with torch.device("meta"):
+            skeleton = LanguageModel(model_config_for(cfg), device=self.device)
+        return self.parallel.materialize(skeleton)
+
+    @staticmethod
+    def with_init_model(cfg: TrainConfig, resume: bool = False) -> TrainConfig:
+        """cfg with [model] read from the init_from_hf folder (its weights' names and shapes checked), when set.
+
+        On resume a folder that is gone is left alone: the checkpoint has the weights and config.json the model
+        (should there be no checkpoint yet, `load_initial_weights` says so)."""
+        if not cfg.init_from_hf or (resume and not Path(cfg.init_from_hf).exists()):
+            return cfg
+        from plelab.model.hf_interop import gemma4_folder_config
+
+        return dataclasses.replace(cfg, model=gemma4_folder_config(cfg.init_from_hf, cfg.model))
+
+    def load_initial_weights(self, folder: str) -> None:
+        """The init_from_hf folder's weights into the model just built (this rank's rows of a sharded table)."""
+        from plelab.model.hf_interop import load_hf_gemma4_weights
+
+        if not Path(folder).is_dir():
+            raise PlelabError(f"init_from_hf = {folder}: no such folder, and the run has no checkpoint yet to "
+                              "continue from")
+        load_hf_gemma4_weights(self.model, folder)
 
     def close(self) -> None:
         """Release the run directory (done by `run()`; call it when a Trainer is built but not run)."""
@@ -184,12 +216,13 @@ class Trainer:
         rd.record_config(self.run_dir, config, 0, {})
         self.metrics_path.write_text("")
 
-    def _resume(self) -> None:
+    def _find_resume_point(self) -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0's `_resume_point`, on every rank."""
         config = train_config_dict(self.config)
-        found = self.parallel.broadcast(self.parallel.on_main(lambda: self._resume_point(config)))
-        if found is None:
-            return
-        ckpt, changes = found
+        return self.parallel.broadcast(self.parallel.on_main(lambda: self._resume_point(config)))
+
+    def _resume(self, ckpt: Path, changes: dict[str, Any]) -> None:
+        config = train_config_dict(self.config)
         if self.world.distributed:
             state = self.parallel.load(ckpt, self.model, self.optimizer)
         else:
@@ -365,9 +398,10 @@ class Trainer:
         try:
             self.log_line(f"precision: {self.precision}")
             if self.world.distributed:
-                self.log_line(f"{self.world.size} ranks, parallel = {cfg.parallel}: PLE table split by vocabulary, "
-                              f"{cfg.batch_size // self.world.size} of each step's {cfg.batch_size} sequences per rank")
-            elif cfg.parallel != "none":
+                self.log_line(f"{self.world.size} ranks, parallel = {self.parallel.mode}: PLE table split by "
+                              f"vocabulary, {cfg.batch_size // self.world.size} of each step's {cfg.batch_size} "
+                              "sequences per rank")
+            elif cfg.parallel not in ("none", "auto"):
                 self.log_line(f"parallel = {cfg.parallel} but not started by torchrun: training in one process")
             self.dispatch("on_train_start")
             while self.step < cfg.max_steps:

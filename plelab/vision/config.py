@@ -66,6 +66,9 @@ def check_vision_run(cfg: TrainConfig) -> None:
     if cfg.model.ple.vocab_size is not None:
         raise ConfigError("model.ple.vocab_size: the visual table has one row per patch id (the corpus's K); "
                           "leave it unset (vision.codebook checks K)")
+    if cfg.init_from_hf:
+        raise ConfigError("init_from_hf starts a Gemma 4 text model from its weights; a vision run builds its own "
+                          "model from the corpus: leave it empty")
     if cfg.diagnostics_every:
         raise ConfigError("diagnostics_every: the PLE monitor reads the text table, which a vision run does not "
                           "have; set it to 0 and run the visual-table diagnostics on the checkpoint")
