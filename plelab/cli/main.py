@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"plelab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+    except MemoryError as exc:  # an allocation the machine cannot make: say so in one line, not a traceback
+        why = str(exc).splitlines()[0] if str(exc) else "an allocation failed"
+        print(f"plelab {args.command}: error: out of memory ({why}); ask for less or use a larger machine",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"plelab {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -228,12 +228,20 @@ class _TensorSource:
         with _open_checked(self._files[key]) as handle:
             return handle.get_tensor(key)
 
-    def get_rows(self, key: str, lo: int, hi: int) -> torch.Tensor:
-        """Rows [lo, hi) of one tensor (only they are read from disk: a rank's part of a table)."""
+    def copy_rows_into(self, key: str, first: int, target: torch.Tensor) -> None:
+        """target <- rows [first, first + len(target)) of one tensor in target's dtype (a rank's part of a table):
+        read from disk with pread in chunks, so neither the whole tensor nor a second copy of the rows is held."""
+        n = target.shape[0]
         if self._tensors is not None:
-            return self._tensors[key][lo:hi]
-        with _open_checked(self._files[key]) as handle:
-            return handle.get_slice(key)[lo:hi]
+            target.copy_(self._tensors[key][first : first + n])
+            return
+        from plelab.hf.safetensors import READ_CHUNK, read_header, read_rows
+
+        info = read_header(self._files[key])[key]
+        step = max(1, READ_CHUNK // max(1, info.row_bytes))
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            target[a:b].copy_(read_rows(info, first + a, first + b))
 
 
 @contextlib.contextmanager
@@ -727,11 +735,9 @@ def load_hf_gemma4_weights(
             for ours, hf in plan.items():
                 target = targets[ours]
                 if ours in parts:
-                    first = parts[ours][0]
-                    value = src.get_rows(hf, first, first + target.shape[0])
+                    src.copy_rows_into(hf, parts[ours][0], target)
                 else:
-                    value = src.get(hf)
-                target.copy_(value.to(device=target.device, dtype=target.dtype))
+                    target.copy_(src.get(hf).to(device=target.device, dtype=target.dtype))
     return plan
 
 

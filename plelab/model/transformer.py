@@ -25,9 +25,10 @@ kernels computing the same math (plelab/model/kernels.py); the choice is made on
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,6 +46,20 @@ Tensor = torch.Tensor
 
 class TokenIdError(PlelabError, ValueError):
     """Token ids outside the model's vocabulary."""
+
+
+def check_token_ids(ids: Tensor | np.ndarray | Sequence[int], vocab_size: int) -> None:
+    """Raise TokenIdError if any id is outside [0, vocab_size).
+
+    Called where batches and prompts are made (the data loader, evaluation, generation, diagnostics), on host
+    arrays: a min and a max per batch, never a device-to-host sync inside the model's forward pass."""
+    arr = ids.detach().cpu().numpy() if isinstance(ids, Tensor) else np.asarray(ids)
+    if arr.size == 0:
+        return
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        raise TokenIdError(f"token ids must lie in [0, {vocab_size}); got min {lo}, max {hi} "
+                           "(is the tokenizer the one this model was built for?)")
 
 
 def rope_tables(head_dim: int, length: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
@@ -284,19 +299,14 @@ class LanguageModel(nn.Module):
         """The (V, H) output-head matrix (the input embedding when tied)."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def check_ids(self, input_ids: Tensor) -> None:
-        """Raise TokenIdError if any id is outside [0, vocab_size)."""
-        # One host sync on the happy path; min/max are only computed for the error message.
-        if bool(((input_ids < 0) | (input_ids >= self.config.vocab_size)).any()):
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            raise TokenIdError(
-                f"token ids must lie in [0, {self.config.vocab_size}); got min {lo}, max {hi} "
-                "(is the tokenizer the one this model was built for?)"
-            )
+    def check_ids(self, input_ids: Tensor | np.ndarray | Sequence[int]) -> None:
+        """Raise TokenIdError if any id is outside [0, vocab_size) (see `check_token_ids`: call it where the ids are
+        made, on the host; the forward pass does not check)."""
+        check_token_ids(input_ids, self.config.vocab_size)
 
     def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Final normed hidden states (B, T, H)."""
-        self.check_ids(input_ids)
+        """Final normed hidden states (B, T, H). Ids are not checked here (no device-to-host sync per step, no
+        graph break under compile): whoever makes the batch checks them (`check_token_ids`)."""
         x = self.embed(input_ids)
         ple = self.per_layer_inputs(input_ids, x) if self.per_layer_inputs is not None else None
         return self.run_layers(x, ple, cache)

@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from plelab.hf.safetensors import read_header, read_rows_into
 from plelab.parallel.group import World, broadcast, on_main
 from plelab.parallel.table import ShardedEmbedding, shard_bounds
 from plelab.training.checkpoint import (
@@ -176,14 +177,14 @@ def _load_single(ckpt: Path, model: nn.Module, optimizer: Optimizer, layout: Sha
             raise CheckpointError(f"{ckpt}: weights missing for {missing[:5]}")
         for key in f.keys():
             if layout.table is not None and key == TABLE_WEIGHT:
-                rows = f.get_slice(key)
-                shape = tuple(rows.get_shape())
+                shape = tuple(f.get_slice(key).get_shape())
                 if shape != (layout.table.num_rows, layout.table.embedding_dim):
                     raise CheckpointError(f"{ckpt}: {key} has shape {shape} but the model needs "
                                           f"{(layout.table.num_rows, layout.table.embedding_dim)} (was the model "
                                           "shape changed?)")
-                lo, hi = shard_bounds(shape[0], layout.world)
-                _copy_into(model_state[key], rows[lo:hi])
+                # pread straight into this rank's rows: safe_open's memory map would leave the pages in RSS.
+                info = read_header(Path(ckpt) / "model.safetensors")[key]
+                read_rows_into(info, shard_bounds(shape[0], layout.world)[0], model_state[key])
                 continue
             (name, value), = unpack_mask_weights({key: f.get_tensor(key)}, model).items()
             target = model_state[name]
@@ -192,12 +193,51 @@ def _load_single(ckpt: Path, model: nn.Module, optimizer: Optimizer, layout: Sha
                 raise CheckpointError(f"{ckpt}: {name} has shape {tuple(value.shape)} but the model needs {whole} "
                                       "(was the model shape changed?)")
             _copy_into(target, layout.part_of(name, value, target))
-    # mmap: only this rank's rows of the table's Adam moments are read from disk.
+    # mmap: only this rank's rows of the table's Adam moments are read from disk (and their pages let go).
     state = load_training_state(ckpt, mmap=True)
     params = optimizer.named_params()
     named = optimizer.named_from_state_dict(state.pop("optimizer"))
-    optimizer.load_named_state({
-        name: {f: t if f == "step" else layout.part_of(name, t, params[name]) for f, t in fields.items()}
-        for name, fields in named.items()
-    })
+    local = {}
+    for name, fields in named.items():
+        local[name] = {}
+        for field, t in fields.items():
+            if field != "step" and layout.table is not None and name == TABLE_WEIGHT:
+                local[name][field] = _mapped_rows(t, *shard_bounds(t.shape[0], layout.world))
+            elif field == "step":
+                local[name][field] = t
+            else:  # copied out of the file mapping (so no copy is made again below)
+                part = layout.part_of(name, t, params[name])
+                local[name][field] = part if isinstance(part, DTensor) else part.clone()
+    optimizer.load_named_state(local, copy=False)
     return state
+
+
+def _mapped_rows(full: torch.Tensor, lo: int, hi: int, chunk_bytes: int = 64 << 20) -> torch.Tensor:
+    """Rows [lo, hi) of a tensor `torch.load(mmap=True)` mapped from a file, copied out chunk by chunk, each
+    chunk's pages handed back to the kernel once copied: the file's pages never pile up in this process's RSS.
+
+    Safe because the mapping is private and never written: a page dropped (MADV_DONTNEED) is read again from
+    the file if touched later (and `full` is not read again here anyway)."""
+    out = torch.empty((hi - lo, *full.shape[1:]), dtype=full.dtype)
+    step = max(1, chunk_bytes // max(1, full[0].numel() * full.element_size())) if full.shape[0] else 1
+    for a in range(lo, hi, step):
+        b = min(hi, a + step)
+        out[a - lo : b - lo] = full[a:b]
+        _drop_pages(full[a:b])
+    return out
+
+
+def _drop_pages(t: torch.Tensor) -> None:
+    """madvise(MADV_DONTNEED) the whole pages inside t's bytes (Linux; elsewhere nothing happens)."""
+    import ctypes
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux") or not t.numel():
+        return
+    page = mmap.PAGESIZE
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    first, last = -(-start // page) * page, end // page * page  # only pages wholly inside t
+    if last > first:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # 4 = MADV_DONTNEED

@@ -16,7 +16,7 @@ import torch
 from plelab.data.loader import eval_batches
 from plelab.data.prepare import HELDOUT_DOMAIN, EvalDomain
 from plelab.errors import PlelabError
-from plelab.model.transformer import LanguageModel
+from plelab.model.transformer import LanguageModel, check_token_ids
 
 
 def check_seq_len(seq_len: int, max_seq_len: int) -> int:
@@ -30,6 +30,7 @@ def check_seq_len(seq_len: int, max_seq_len: int) -> int:
 def domain_nll(model: LanguageModel, domain: EvalDomain, seq_len: int, batch_size: int, autocast=None) -> float:
     """Summed next-token NLL (nats) over every target of the domain."""
     device = next(model.parameters()).device
+    check_token_ids(domain.tokens, model.config.vocab_size)  # once per domain, on the host
     total = 0.0
     for x, y in eval_batches(domain.tokens, seq_len, batch_size, pad_id=0):
         with autocast if autocast is not None else contextlib.nullcontext():

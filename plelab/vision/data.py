@@ -17,6 +17,7 @@ import torch
 
 from plelab.errors import PlelabError
 from plelab.model.config import ModelConfig
+from plelab.model.transformer import check_token_ids
 from plelab.util.dataclass_config import ConfigError
 from plelab.vision.config import VisionConfig
 from plelab.vision.model import VisionBatch, caption_targets
@@ -145,6 +146,7 @@ class VisionData:
             if top >= self.facts["codebook"] or int(np.min(split.patch_ids, initial=0)) < 0:
                 raise PlelabError(f"vision corpus {vision.corpus}: patch ids outside [0, {self.facts['codebook']}) "
                                   "(corrupt corpus; prepare it again)")
+            check_token_ids(split.captions, cfg.model.vocab_size)  # once here: the model's forward does not check
         tok = self.facts["tokenizer"]
         self.tokenizer_path = Path(vision.corpus) / tok if tok else None
         self.train = SplitTensors(train, device, self.facts["bos_id"])

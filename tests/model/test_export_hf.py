@@ -88,13 +88,50 @@ def test_export_loads_as_gemma4_with_same_logits_and_greedy_text(setup, capsys):
 
 def test_export_refuses_existing_folder_without_overwrite(setup, capsys):
     out = setup / "hf-again"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    assert main(["export-hf", str(setup / "run"), str(out)]) == 0
+    (out / "model.safetensors").write_bytes(b"an older export")
     assert "--overwrite" in one_line_error(capsys, ["export-hf", str(setup / "run"), str(out)])
-    assert (out / "keep.txt").read_text() == "mine"
-    assert main(["export-hf", str(setup / "run"), str(out), "--overwrite"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").read_bytes() == b"an older export"
+    assert main(["export-hf", str(setup / "run"), str(out), "--overwrite"]) == 0  # an export replaces an export
+    assert (out / "model.safetensors").read_bytes() != b"an older export"
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".hf-again")]  # no temp folder left
+
+
+def test_export_overwrite_never_deletes_the_run_or_the_users_files(setup, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    run = runs / "a"
+    shutil.copytree(setup / "run", run)
+    before = sorted(p.relative_to(runs) for p in runs.rglob("*"))
+    err = one_line_error(capsys, ["export-hf", str(run), str(runs), "--overwrite"])  # OUT holds the run
+    assert "inside the output folder" in err
+    err = one_line_error(capsys, ["export-hf", str(run), str(run / "checkpoints"), "--overwrite"])  # OUT in the run
+    assert "inside the run" in err
+    ckpt = next((run / "checkpoints").glob("step_*"))
+    err = one_line_error(capsys, ["export-hf", str(ckpt), str(run), "--overwrite"])  # a checkpoint of the run
+    assert "inside the output folder" in err
+    assert sorted(p.relative_to(runs) for p in runs.rglob("*")) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    err = one_line_error(capsys, ["export-hf", str(run), str(mine), "--overwrite"])
+    assert "not a Hugging Face model folder" in err and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing_behind(setup, tmp_path, capsys):
+    """A real full disk: a 64 KiB tmpfs (root only; skipped elsewhere), far smaller than the export."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        err = one_line_error(capsys, ["export-hf", str(setup / "run"), str(disk / "out")])
+        assert "No space left on device" in err
+        assert list(disk.iterdir()) == []  # neither OUT nor its temp folder
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_export_refuses_a_llama_run(setup, capsys):

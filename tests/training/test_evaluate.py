@@ -38,3 +38,16 @@ def test_without_folders_the_held_out_split_is_the_macro(cfg):
     torch.manual_seed(0)
     out = evaluate_domains(LanguageModel(cfg.model), data.eval_domains, seq_len=32, max_tokens=256)
     assert out["macro"]["loss"] == out["domains"][HELDOUT_DOMAIN]["loss"]
+
+
+def test_a_domain_with_ids_beyond_the_vocabulary_is_a_clear_error(cfg):
+    """Checked once per domain on the host (the model's forward does not check ids)."""
+    import dataclasses
+
+    from plelab.model.transformer import TokenIdError
+
+    data = TrainingData(cfg, torch.device("cpu"))
+    prose = data.eval_domains["prose"]
+    bad = dataclasses.replace(prose, tokens=prose.tokens.astype("int64") + 1000)
+    with pytest.raises(TokenIdError, match=r"\[0, 258\)"):
+        evaluate_domains(LanguageModel(cfg.model), {"prose": bad}, seq_len=32)
