@@ -336,9 +336,11 @@ def _generate_c(args: argparse.Namespace) -> dict:
 
     from plelab.edge import c_engine
     from plelab.edge.format import PleFile
+    from plelab.edge.runtime import refuse_table_only
     from plelab.inference.generate import fit_context
 
     with PleFile(args.model, verify="none") as f:  # the C runtime verifies; here only the tokenizer is read
+        refuse_table_only(args.model, f.layout)  # in the NumPy engine's words (plerun's own say less)
         cfg, tok = f.layout.model, None
         if args.prompt is not None:
             tok = _tokenizer(SimpleNamespace(file=f, vocab=cfg["vocab_size"]), args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from plelab.errors import PlelabError
@@ -31,6 +32,12 @@ COMMANDS = {
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (no usage block) and exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A negative value with a unit (`--gpu-memory -80GB`) is a value for its option to refuse in its own words,
+        # not an unknown option leaving the flag "expected one argument" (argparse only knows -80 and -.5).
+        self._negative_number_matcher = re.compile(r"^-\d*\.?\d+(?:[eE][+-]?\d+)?[a-zA-Z%]*$")
 
     def error(self, message: str):
         print(f"{self.prog}: error: {message}", file=sys.stderr)

@@ -29,8 +29,9 @@ def add_parser(sub) -> None:
         + f"\nEach change is recorded in RUN/{HISTORY_FILE}; changing anything else is refused.\n"
         "Resume starts from the newest checkpoint that passes its checksums; a newer corrupt one is skipped\n"
         "with a note. One process at a time may train into a run directory (it is locked).\n\n"
-        "On several processes: torchrun --nproc_per_node 2 -m plelab train CONFIG --out RUN --set parallel=ddp\n"
-        "(or fsdp; the PLE table is split by vocabulary across ranks; see docs/distributed.md).",
+        "On several processes: torchrun --nproc_per_node 2 -m plelab train CONFIG --out RUN\n"
+        "(DDP: parallel = auto; --set parallel=fsdp for FSDP2; the PLE table is split by vocabulary across ranks;\n"
+        "see docs/distributed.md).",
         run,
     )
     p.add_argument("config", nargs="?", help="training config (TOML/YAML/JSON); optional with --resume")

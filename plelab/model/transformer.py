@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plelab.errors import PlelabError
+from plelab.errors import PlelabError, token_id_message
 from plelab.model import kernels
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import build_ffn
@@ -56,10 +56,9 @@ def check_token_ids(ids: Tensor | np.ndarray | Sequence[int], vocab_size: int) -
     arr = ids.detach().cpu().numpy() if isinstance(ids, Tensor) else np.asarray(ids)
     if arr.size == 0:
         return
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= vocab_size:
-        raise TokenIdError(f"token ids must lie in [0, {vocab_size}); got min {lo}, max {hi} "
-                           "(is the tokenizer the one this model was built for?)")
+    if int(arr.min()) < 0 or int(arr.max()) >= vocab_size:
+        flat = arr.reshape(-1)
+        raise TokenIdError(token_id_message(vocab_size, flat[(flat < 0) | (flat >= vocab_size)][:5].tolist()))
 
 
 def rope_tables(head_dim: int, length: int, theta: float, device=None) -> tuple[Tensor, Tensor]:

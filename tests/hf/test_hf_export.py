@@ -69,6 +69,27 @@ def test_plan_of_an_exported_table_and_runtime_refusal(make_gemma, tmp_path, cap
     assert len(err.splitlines()) == 1 and "table-only export" in err
 
 
+def test_the_c_engine_refuses_a_table_only_file_in_the_numpy_engines_words(make_gemma, tmp_path, capsys):
+    import subprocess
+
+    from plelab.edge import c_engine
+
+    try:
+        plerun = c_engine.build(cflags="-O2")
+    except c_engine.CEngineError as exc:
+        pytest.skip(str(exc))
+    path = tmp_path / "m.ple"
+    export(make_gemma("gemma4"), path, "--quant", "int4", "--group", "8")
+    capsys.readouterr()
+    errors = {}
+    for engine in ("numpy", "c"):
+        assert main(["run", str(path), "--ids", "1,2,3", "--engine", engine]) == 2
+        errors[engine] = capsys.readouterr().err.strip()
+    assert errors["c"] == errors["numpy"] and "table-only export" in errors["c"]
+    proc = subprocess.run([str(plerun), str(path), "--ids", "1"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "table-only export" in proc.stderr and "name table" not in proc.stderr
+
+
 def _gemma3n_config(**published) -> dict:
     from transformers import Gemma3nTextConfig
 

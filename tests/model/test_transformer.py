@@ -59,7 +59,7 @@ def test_ple_on_a_subset_of_layers():
 
 def test_out_of_range_ids_raise_a_clear_error_where_ids_are_made():
     model = tiny()
-    with pytest.raises(TokenIdError, match=r"\[0, 256\); got min 1, max 256"):
+    with pytest.raises(TokenIdError, match=r"\[0, 256\); got \[256\]"):
         model.check_ids(torch.tensor([[1, 2, 256]]))
     with pytest.raises(TokenIdError):
         check_token_ids(np.array([[-1, 2]]), 256)
