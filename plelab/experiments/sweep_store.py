@@ -97,13 +97,10 @@ class SweepStore:
         self.readonly = readonly
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db: sqlite3.Connection | None = None
         try:
             self.db = self._connect()
-        except sqlite3.OperationalError as exc:
-            raise PlelabError(f"cannot open {self.path} ({exc}): check that the file exists and its folder can be "
-                              "written to (a read-only copy can be reported on)") from None
-        self.db.row_factory = sqlite3.Row
-        try:
+            self.db.row_factory = sqlite3.Row
             # quick_check reads every page (the database is small) so damage is found before anything is written.
             if self.db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("damaged pages")
@@ -115,10 +112,11 @@ class SweepStore:
                 with self.db:
                     self.db.executescript(SCHEMA)
         except sqlite3.DatabaseError as exc:
-            self.db.close()
+            if self.db is not None:
+                self.db.close()
             if _cannot_write(exc):  # a read-only folder or file: the records are fine, never advise moving them
-                raise PlelabError(f"cannot write to {self.path} ({exc}): its folder or the file is read-only; "
-                                  "reports and --status read it as it is") from None
+                raise PlelabError(f"cannot open {self.path} for writing ({exc}): the file is missing or its folder "
+                                  "or the file is read-only; reports and --status read it as it is") from None
             raise PlelabError(f"{self.path} is not a readable sweep database ({exc}); move it aside to start "
                               "the sweep's records afresh (run folders and their result.json are kept)") from None
 
@@ -127,7 +125,7 @@ class SweepStore:
         if not self.readonly:
             return sqlite3.connect(self.path, timeout=60.0)
         if not self.path.is_file():
-            raise sqlite3.OperationalError("no such file")
+            raise sqlite3.OperationalError("unable to open database file: no such file")
         uri = self.path.resolve().as_uri()
         db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60.0)
         try:

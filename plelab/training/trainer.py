@@ -347,8 +347,7 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         self.optimizer.set_lr(lr)
         self.model.train()
-        total = 0.0
-        aux_totals: dict[str, float] = {}
+        parts: dict[str, list[torch.Tensor]] = {"loss": []}  # per micro-batch, on the device until the step ends
         for i in range(cfg.grad_accum):
             x, y = self.data.next_batch()
             with self.parallel.grad_sync(last=i == cfg.grad_accum - 1):
@@ -357,10 +356,13 @@ class Trainer:
                     aux = auxiliary_losses(self.aux_modules)
                 objective = loss + sum(aux.values()) if aux else loss
                 (objective / cfg.grad_accum).backward()
-            total += float(loss.detach()) / cfg.grad_accum
-            for name, value in aux.items():
-                aux_totals[name] = aux_totals.get(name, 0.0) + float(value.detach()) / cfg.grad_accum
-        total = self.parallel.mean(total)
+            for name, value in {"loss": loss, **aux}.items():
+                parts.setdefault(name, []).append(value.detach())
+        # One device-to-host copy per step, not one per micro-batch; summed in the same order and precision as ever.
+        sums = {name: sum(v / cfg.grad_accum for v in torch.stack(values).float().tolist())
+                for name, values in parts.items()}
+        total = self.parallel.mean(sums.pop("loss"))
+        aux_totals = sums
         # "loss" stays the language-model loss (comparable across variants); auxiliary terms are logged apart.
         metrics: dict[str, Any] = {"step": self.step + 1, "loss": total, "lr": lr, "dtype": self.precision.name}
         metrics.update({name: self.parallel.mean(v) for name, v in aux_totals.items()})

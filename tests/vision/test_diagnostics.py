@@ -179,7 +179,8 @@ def test_diagnose_on_a_corpus_the_run_did_not_train_on_is_one_line(run_and_other
 
     run, corpora = run_and_other_corpora
     own, other = (VisionCorpus.load(corpora[k], "valid") for k in ("own", differs))
-    assert (own.caption_tokenizer().to_json() != other.caption_tokenizer().to_json()) == (differs == "caption tokenizer")
+    other_tokenizer = own.caption_tokenizer().to_json() != other.caption_tokenizer().to_json()
+    assert other_tokenizer == (differs == "caption tokenizer")
     capsys.readouterr()
     assert main(["vision", "diagnose", str(run), "--corpus", str(corpora[differs])]) == 2
     err = capsys.readouterr().err.strip()
