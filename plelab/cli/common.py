@@ -29,6 +29,19 @@ def add_set_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def utf8_text(text: str) -> str:
+    """Text that is valid UTF-8 (a prompt): argv bytes that are not reach Python as lone surrogates, which no
+    tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start]
+        byte = f" 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else ""
+        raise argparse.ArgumentTypeError(f"is not valid UTF-8 text (byte{byte} at character {exc.start}); "
+                                         "give the text in UTF-8") from None
+    return text
+
+
 def print_json(obj: Any) -> None:
     """Print a result as indented JSON on stdout."""
     json.dump(obj, sys.stdout, indent=2)

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from plelab.cli import options
-from plelab.cli.common import add_command, add_set_flag, print_json
+from plelab.cli.common import add_command, add_set_flag, print_json, utf8_text
+from plelab.edge.format import MAX_ALIGN
 from plelab.errors import PlelabError
 
 
@@ -62,8 +63,8 @@ def _add_layout_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embed-in-record", action="store_true", default=None,
                    help="store each token's embedding row inside its PLE record (one read per token; "
                         "a tied head then stores the embedding twice)")
-    p.add_argument("--align", type=options.positive_int,
-                   help="PLE record stride multiple in bytes (default 1: packed)")
+    p.add_argument("--align", type=options.int_in_range(1, MAX_ALIGN),
+                   help=f"PLE record stride multiple in bytes, at most {MAX_ALIGN} (default 1: packed)")
     p.add_argument("--page", type=options.nonneg_int,
                    help="flash page size: no PLE record straddles a page (default 0: none)")
 
@@ -247,7 +248,8 @@ def _add_run(sub) -> None:
     )
     p.add_argument("model", help=".ple file")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (tokenized with the tokenizer stored in the file)")
+    src.add_argument("--prompt", type=utf8_text,
+                     help="prompt text (tokenized with the tokenizer stored in the file)")
     src.add_argument("--ids", help="prompt as comma-separated token ids")
     p.add_argument("--max-new-tokens", type=options.positive_int, default=32, help="tokens to generate (default 32)")
     options.add_sampling_flags(p)
@@ -346,9 +348,11 @@ def _generate_c(args: argparse.Namespace) -> dict:
 
     from plelab.edge import c_engine
     from plelab.edge.format import PleFile
+    from plelab.edge.runtime import refuse_table_only
     from plelab.inference.generate import fit_context
 
     with PleFile(args.model, verify="none") as f:  # the C runtime verifies; here only the tokenizer is read
+        refuse_table_only(args.model, f.layout)  # in the NumPy engine's words (plerun's own say less)
         cfg, tok = f.layout.model, None
         if args.prompt is not None:
             tok = _tokenizer(SimpleNamespace(file=f, vocab=cfg["vocab_size"]), args)

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from plelab.cli import options
-from plelab.cli.common import add_command
+from plelab.cli.common import add_command, utf8_text
 
 
 def add_parser(sub) -> None:
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
         run,
     )
     p.add_argument("checkpoint", help="run directory (newest checkpoint) or checkpoint directory")
-    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--prompt", required=True, type=utf8_text, help="text to continue")
     p.add_argument("--max-new-tokens", type=options.positive_int, default=100, help="tokens to generate (default 100)")
     options.add_sampling_flags(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps, ...")

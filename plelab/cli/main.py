@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from plelab.errors import PlelabError
@@ -34,6 +35,12 @@ COMMANDS = {
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (no usage block) and exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A negative value with a unit (`--gpu-memory -80GB`) is a value for its option to refuse in its own words,
+        # not an unknown option leaving the flag "expected one argument" (argparse only knows -80 and -.5).
+        self._negative_number_matcher = re.compile(r"^-\d*\.?\d+(?:[eE][+-]?\d+)?[a-zA-Z%]*$")
 
     def error(self, message: str):
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -77,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # unreadable/unwritable paths, disk full: the message names the file, no traceback
         where = f": {exc.filename}" if exc.filename else ""
         print(f"plelab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:  # an allocation the machine cannot make: say so in one line, not a traceback
+        why = str(exc).splitlines()[0] if str(exc) else "an allocation failed"
+        print(f"plelab {args.command}: error: out of memory ({why}); ask for less or use a larger machine",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"plelab {args.command}: interrupted", file=sys.stderr)

@@ -57,6 +57,12 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return _ranged(int, f"int_at_least_{minimum}", f"An integer >= {minimum}.", low=minimum)
 
 
+def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
+    """A validator for integers in [minimum, maximum] (a ceiling where more would only exhaust memory)."""
+    return _ranged(int, f"int_in_range_{minimum}_{maximum}", f"An integer in [{minimum}, {maximum}].",
+                   low=minimum, high=maximum)
+
+
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     """--temperature, --top-k, --top-p, --seed with the defaults of `plelab.inference.sampling.Sampling`."""
     d = Sampling()

@@ -123,11 +123,22 @@ def _match(args: argparse.Namespace, cfg: ModelConfig) -> int:
     return 0
 
 
+def _config_to_match(model: str, overrides: list[str]) -> ModelConfig:
+    """The model whose FFN width --match-ffn solves. Its free width (FREE_WIDTH: rank, prune_to) is the answer, so it
+    may be left unset: the kinds that require it get a placeholder of 1 (only the search's start)."""
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    placeholders = [f"ffn.{field}=1" for field in ("rank", "prune_to") if f"ffn.{field}" not in given]
+    kind = load_model_config(model, [*placeholders, *overrides]).ffn.kind
+    needed = [p for p in placeholders if p.split("=")[0] == f"ffn.{FREE_WIDTH[kind]}"]
+    return load_model_config(model, [*needed, *overrides])
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the breakdown (or the dP sweep table, or a matched FFN width)."""
     if args.reference_overrides and not args.match_ffn:
         raise ConfigError("--reference-set only applies with --match-ffn")
-    cfg = load_model_config(args.model, args.overrides)
+    cfg = _config_to_match(args.model, args.overrides) if args.match_ffn else load_model_config(args.model,
+                                                                                                 args.overrides)
     if args.ple_dim is not None:
         cfg = with_ple_dim(cfg, args.ple_dim)
     if args.match_ffn:

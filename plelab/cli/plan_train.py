@@ -17,6 +17,8 @@ _UNITS = {"": 1000**3, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1
 
 def memory_size(text: str) -> float:
     """Bytes from '80GB' (10^9), '80GiB' or '80G' (2^30), '512MB', ...; a bare number is GB."""
+    if re.fullmatch(r"\s*-.*", text):
+        raise argparse.ArgumentTypeError(f"must be a positive memory size (e.g. 80GB), got {text!r}")
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 80GB, 80GiB, 141GB)")

@@ -87,7 +87,7 @@ def _power(sweep, args: argparse.Namespace) -> int:
         raise PlelabError(f"{pilot} has no {DB_FILE}: run a pilot first (a few seeds of the sweep) and give its "
                           "folder with --pilot")
     seeds = len({p.config.seed for p in sweep.points})
-    with SweepStore(pilot / DB_FILE) as store:
+    with SweepStore(pilot / DB_FILE, readonly=True) as store:
         power = plan_power(load_plan(sweep.options.plan), store.runs(), store.evals(), seeds)
     if args.json:
         print_json(power)

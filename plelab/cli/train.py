@@ -29,8 +29,9 @@ def add_parser(sub) -> None:
         + f"\nEach change is recorded in RUN/{HISTORY_FILE}; changing anything else is refused.\n"
         "Resume starts from the newest checkpoint that passes its checksums; a newer corrupt one is skipped\n"
         "with a note. One process at a time may train into a run directory (it is locked).\n\n"
-        "On several processes: torchrun --nproc_per_node 2 -m plelab train CONFIG --out RUN --set parallel=ddp\n"
-        "(or fsdp; the PLE table is split by vocabulary across ranks; see docs/distributed.md).",
+        "On several processes: torchrun --nproc_per_node 2 -m plelab train CONFIG --out RUN\n"
+        "(DDP: parallel = auto; --set parallel=fsdp for FSDP2; the PLE table is split by vocabulary across ranks;\n"
+        "see docs/distributed.md).",
         run,
     )
     p.add_argument("config", nargs="?", help="training config (TOML/YAML/JSON); optional with --resume")
@@ -41,7 +42,8 @@ def add_parser(sub) -> None:
                    help="replace a different run (or other files) already in --out instead of refusing")
     p.add_argument("--init-from-hf", metavar="PATH",
                    help="start from a local Hugging Face Gemma 4 folder: its config.json replaces the config's "
-                   "[model] (arch=gemma4), its safetensors weights the random initialisation")
+                   "[model] (arch=gemma4), its safetensors weights the random initialisation (sets init_from_hf; "
+                   "recorded, so --resume and torchrun ranks use it too)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     add_set_flag(p)
@@ -88,22 +90,17 @@ def _run(args: argparse.Namespace) -> int:
     else:
         raise PlelabError("give a training config (or --resume an existing run directory)")
     if args.init_from_hf:
-        from plelab.hf.interop import gemma4_folder_config, load_hf_gemma4_weights
-
         if args.resume:
-            raise PlelabError("--init-from-hf starts a new run; --resume continues one from its own checkpoint")
-        cfg = dataclasses.replace(cfg, model=gemma4_folder_config(args.init_from_hf, cfg.model))
+            raise PlelabError("--init-from-hf starts a new run; --resume continues one (its config.json records "
+                              "the folder it started from)")
+        cfg = dataclasses.replace(cfg, init_from_hf=args.init_from_hf)
+    if cfg.init_from_hf:
+        import plelab.hf.interop  # noqa: F401 - registers the reader of init_from_hf folders
     from plelab.parallel.engine import from_environment
     from plelab.training.trainer import trainer_for
 
     trainer = trainer_for(cfg)(cfg, out, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite,
-                                 distribution=from_environment(cfg))
-    if args.init_from_hf:
-        try:
-            load_hf_gemma4_weights(trainer.model, args.init_from_hf)
-        except BaseException:
-            trainer.close()
-            raise
+                               distribution=from_environment(cfg))
     try:
         final = trainer.run()
     except KeyboardInterrupt:

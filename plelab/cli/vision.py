@@ -7,6 +7,7 @@ import sys
 
 from plelab.cli import options
 from plelab.cli.common import add_command, print_json
+from plelab.vision.config import MAX_CODEBOOK
 
 # The choices, kept here so `--help` and argument errors need neither torch nor the tokenizer libraries;
 # tests/cli/test_vision_cli.py checks they equal plelab.vision.tokenizers.TOKENIZERS.
@@ -82,8 +83,8 @@ def add_parser(sub) -> None:
     pp.add_argument("--images", required=True,
                     help="image set: MNIST idx (.gz), scikit-learn digits csv(.gz), .npz, or a folder holding one")
     pp.add_argument("--tokenizer", required=True, choices=TOKENIZER_CHOICES, help="visual tokenizer kind")
-    pp.add_argument("--codebook", required=True, type=options.int_at_least(2), metavar="K",
-                    help="codebook size K (patch ids in [0, K))")
+    pp.add_argument("--codebook", required=True, type=options.int_in_range(2, MAX_CODEBOOK), metavar="K",
+                    help=f"codebook size K (patch ids in [0, K)), at most {MAX_CODEBOOK}")
     pp.add_argument("--out", required=True, help="corpus folder to create")
     pp.add_argument("--patch-size", type=options.positive_int, default=7,
                     help="square patch side in pixels; must divide the image size (default 7)")

@@ -75,6 +75,8 @@ class TokenDataset:
             raise DataError(f"{path}: split {split!r} holds token id {self.max_token_id} but its tokenizer has only "
                             f"{self.vocab_size_data} ids (corrupt dataset)")
         self.check_compatible(vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256)
+        self.vocab_limit = vocab_size if vocab_size is not None else self.vocab_size_data
+        """Ids must lie below this (the model's vocabulary when given, else the tokenizer's): BatchLoader checks."""
         dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
         self._shards: list[np.memmap] = []
         for sh in info["shards"]:
@@ -200,6 +202,12 @@ class BatchLoader:
             self.index = 0
         T = self.seq_len
         rows = np.stack([self.dataset.get(int(w) * T, T + 1) for w in self.window_ids()]).astype(np.int64)
+        # The ids are checked here, on the host, once per batch (the model's forward does not check them).
+        top = int(rows.max())
+        if top >= self.dataset.vocab_limit:
+            raise DataError(f"{self.dataset.path}: split {self.dataset.split!r} holds token id {top}, outside "
+                            f"[0, {self.dataset.vocab_limit}) (its manifest says at most {self.dataset.max_token_id}"
+                            "): the dataset is damaged; prepare it again")
         self.index += 1
         data = torch.from_numpy(rows)
         return data[:, :-1], data[:, 1:]

@@ -114,7 +114,7 @@ def diagnose_model(
         report.update(verdict="n/a", overall=V.overall_verdict([], None), layers=[], table_health={})
         report["notes"].append("the model has no PLE (dP = 0): nothing to diagnose")
         return jsonable(report)
-    data = as_batches(batches, model_device(bare)) if batches is not None else []
+    data = as_batches(batches, model_device(bare), cfg.vocab_size) if batches is not None else []
     labelled = [b for b in data if b[1] is not None]
     if labelled:
         probe_data = labelled

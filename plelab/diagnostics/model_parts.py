@@ -50,11 +50,17 @@ def trunk_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             yield name, p
 
 
-def as_batches(batches: Iterable, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Materialise (x, y) pairs (or bare x) as long tensors on `device` (diagnostics make several passes)."""
+def as_batches(batches: Iterable, device: torch.device,
+               vocab_size: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Materialise (x, y) pairs (or bare x) as long tensors on `device` (diagnostics make several passes); with
+    `vocab_size`, inputs outside the vocabulary are a TokenIdError (checked before they reach the device)."""
+    from plelab.model.transformer import check_token_ids
+
     out = []
     for item in batches:
         x, y = item if isinstance(item, (tuple, list)) else (item, None)
+        if vocab_size is not None:
+            check_token_ids(torch.as_tensor(x), vocab_size)
         x = torch.as_tensor(x).long().to(device)
         out.append((x, None if y is None else torch.as_tensor(y).long().to(device)))
     return out

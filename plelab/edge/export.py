@@ -306,6 +306,22 @@ def export_inputs(src: str | Path) -> tuple[Path, ...]:
     return (path, *sorted(p for p in ckpt.iterdir() if p.is_file()))
 
 
+def checked_tokenizer_text(path: Path) -> str:
+    """The text of a tokenizer.json to embed, refused (by name) unless it loads as a tokenizer: a broken one would
+    otherwise fail only later, when a runtime reads the file, without saying which file it came from."""
+    from plelab.data.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ExportError(f"{path} is not UTF-8 text (corrupt?); pass --no-tokenizer to export without it") from exc
+    try:
+        Tokenizer.load(path)
+    except TokenizerError as exc:
+        raise ExportError(f"{exc}; fix it or pass --no-tokenizer to export without it") from None
+    return text
+
+
 def export_source(src: str, out: str | Path, opts: ExportOptions, overrides: list[str] | None = None,
                   seed: int = 0, with_tokenizer: bool = True) -> Layout:
     """Export a checkpoint/run dir (trained weights) or a preset/config file (random weights)."""
@@ -318,10 +334,7 @@ def export_source(src: str, out: str | Path, opts: ExportOptions, overrides: lis
             raise ExportError("--set only applies to presets and config files, not to a checkpoint")
         model, _ = load_model(path)
         tok = resolve_checkpoint(path) / "tokenizer.json"
-        try:
-            text = tok.read_text(encoding="utf-8") if with_tokenizer and tok.is_file() else None
-        except UnicodeDecodeError as exc:
-            raise ExportError(f"{tok} is not UTF-8 text (corrupt?); pass --no-tokenizer to export without it") from exc
+        text = checked_tokenizer_text(tok) if with_tokenizer and tok.is_file() else None
         return export_model(model, out, opts, text, {"checkpoint": str(model.checkpoint_dir)})
     cfg = shipped_config(load_model_config(src, overrides))  # random weights: no pruning to replay
     model, rows = random_model(cfg, seed)

@@ -37,6 +37,9 @@ from plelab.edge.quant import Encoding, QuantError, dequantize
 from plelab.errors import PlelabError
 from plelab.util.fs import atomic_writer
 
+MAX_ALIGN = 1 << 16
+"""Largest record stride multiple: beyond a 64 KiB erase block no storage gains from it, and every record would be
+padded to it (an align of 1e9 asks for 1 GB per token)."""
 MAGIC = b"\x89PLE\r\n\x1a\n"  # PNG-style: non-ASCII first byte and CR/LF/^Z catch text-mode mangling
 VERSION = 2
 READ_VERSIONS = (1, 2)  # versions this reader understands; the writer always writes VERSION
@@ -163,8 +166,9 @@ class Table:
             p.scales = pos
             pos += p.enc.scale_bytes(p.length)
         self.record_bytes = pos
-        if self.align < 1 or self.page < 0:
-            raise PleFormatError(f"table {self.name}: align must be >= 1 and page >= 0")
+        if not 1 <= self.align <= MAX_ALIGN or self.page < 0:
+            raise PleFormatError(f"table {self.name}: align must be in 1..{MAX_ALIGN} and page >= 0 (got align "
+                                 f"{self.align}, page {self.page})")
         self.stride = _round_up(pos, self.align)
         if self.page and self.stride > self.page:
             raise PleFormatError(

@@ -23,7 +23,7 @@ import numpy as np
 
 from plelab.edge.format import PleFile
 from plelab.edge.plan import kv_bytes_per_position
-from plelab.errors import PlelabError
+from plelab.errors import PlelabError, token_id_message
 from plelab.inference.generate import check_fits, generate_ids
 from plelab.inference.sampling import Sampling
 from plelab.model.config import PLE_GATES as GATES
@@ -132,6 +132,14 @@ class Traffic:
                 "reads_per_token": {k: v / n for k, v in sorted(self.reads.items())}}
 
 
+def refuse_table_only(path: str | Path, layout: Any) -> None:
+    """EdgeRuntimeError for a table-only export (a foreign checkpoint's PLE table, for planning only): no engine
+    can run it. One wording for both engines (`plelab run --engine c` asks here first)."""
+    if layout.source.get("table_only"):
+        raise EdgeRuntimeError(f"{path} is a table-only export ({layout.source.get('core', 'no core')}); "
+                               "there is no core to run: use it with `plelab plan` or the record reader")
+
+
 class EdgeModel:
     """A .ple model ready to run: resident dense weights, memory-mapped row tables, traffic counters."""
 
@@ -156,9 +164,7 @@ class EdgeModel:
 
     def _load(self, path: str | Path, placement: dict[str, str] | None) -> None:
         lay = self.file.layout
-        if lay.source.get("table_only"):  # an export of a foreign checkpoint's PLE table, for planning only
-            raise EdgeRuntimeError(f"{path} is a table-only export ({lay.source.get('core', 'no core')}); "
-                                   "there is no core to run: use it with `plelab plan` or the record reader")
+        refuse_table_only(path, lay)
         m, d = lay.model, lay.derived
         self.cfg = m
         self.H, self.n_layers, self.n_heads = m["hidden_size"], m["num_layers"], m["num_heads"]
@@ -289,8 +295,7 @@ class EdgeModel:
         """Raise a clear error for ids outside [0, vocab_size)."""
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
-            raise EdgeRuntimeError(f"token ids must lie in [0, {self.vocab}); got {bad[:5]} "
-                                "(is the tokenizer the one this model was built for?)")
+            raise EdgeRuntimeError(token_id_message(self.vocab, bad))
 
     def _rows(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
         """Input embeddings (T, H) and raw PLE rows (T, L_ple*dP), reading one record per token and table."""

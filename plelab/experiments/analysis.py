@@ -304,7 +304,7 @@ def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[st
     folder = Path(folder)
     if not (folder / DB_FILE).is_file():
         raise PlelabError(f"{folder} has no {DB_FILE}; run `plelab sweep SWEEP_FILE` first (or give its folder)")
-    with SweepStore(folder / DB_FILE) as store:
+    with SweepStore(folder / DB_FILE, readonly=True) as store:
         meta, runs, evals = store.meta(), store.runs(), store.evals()
     done = [with_eval_losses(_point(r, folder), evals.get(r["name"], {})) for r in runs if r["status"] == "done"]
     groups: dict[str, list[dict[str, Any]]] = {}

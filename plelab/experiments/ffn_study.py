@@ -373,7 +373,7 @@ def is_variant_sweep(folder: str | Path) -> bool:
     path = Path(folder) / DB_FILE
     if not path.is_file():
         return False
-    with SweepStore(path) as store:
+    with SweepStore(path, readonly=True) as store:
         return any(VARIANT_KEY in (r["point"] or {}) for r in store.runs())
 
 
@@ -382,7 +382,7 @@ def load_study(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     if not (folder / DB_FILE).is_file():
         raise PlelabError(f"{folder} has no {DB_FILE}; run `plelab sweep SWEEP_FILE` first (or give its folder)")
-    with SweepStore(folder / DB_FILE) as store:
+    with SweepStore(folder / DB_FILE, readonly=True) as store:
         meta, runs, evals = store.meta(), store.runs(), store.evals()
         timeline = store.timeline()
     other = sorted({k for r in runs for k in (r["point"] or {})} - {VARIANT_KEY, SEED_KEY})

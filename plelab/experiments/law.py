@@ -246,7 +246,7 @@ def gather(folder: str | Path) -> list[dict[str, Any]]:
         raise PlelabError(f"{folder} holds no {DB_FILE} (nor do its subfolders): run the study's sweeps first")
     records = []
     for sweep in sweeps:
-        with SweepStore(sweep / DB_FILE) as store:
+        with SweepStore(sweep / DB_FILE, readonly=True) as store:
             rows = {r["name"]: r for r in store.runs() if r["status"] == "done"}
         for group in analyze_sweep(sweep)["groups"]:
             records += [_run_record(p, rows[p["name"]]) for p in group["runs"]]

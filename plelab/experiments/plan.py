@@ -340,7 +340,7 @@ def plan_inputs(folder: str | Path, override: str | Path | None = None) -> dict[
     from plelab.experiments.sweep import DB_FILE
     from plelab.experiments.sweep_store import SweepStore
 
-    with SweepStore(Path(folder) / DB_FILE) as store:
+    with SweepStore(Path(folder) / DB_FILE, readonly=True) as store:
         runs = [{k: r[k] for k in ("name", "status", "seed", "point", "attempts")} for r in store.runs()]
         return {"record": registered_plan(store), "override": to_dict(load_plan(override)) if override else None,
                 "override_source": str(override or ""), "runs": runs, "evals": store.evals()}

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import plelab.vision  # noqa: F401 - registers the [vision] section: sweeps train vision runs too
 from plelab.errors import PlelabError
-from plelab.training.config import TrainConfig, load_train_config, train_config_dict
+from plelab.training.config import TrainConfig, legacy_view, load_train_config, train_config_dict
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, parse_override, read_file, to_dict
 
 SECTIONS = ("sweep", "base", "grid", "variants")
@@ -145,11 +145,12 @@ def _later_defaults() -> dict[str, Any]:
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of a config dict in canonical JSON (sorted keys), so equal configs hash equal.
 
-    A field added to plelab later is hashed only when set off its default (the rule config_diff applies):
-    adding a field never re-keys the runs that existing sweep files describe.
+    A field added to plelab later is hashed only when set off its default (the rule config_diff applies), and a
+    changed default is hashed as the former one (training.config.LEGACY_DEFAULTS): adding a field or changing a
+    default never re-keys the runs that existing sweep files describe.
     """
     later = _later_defaults()
-    leaves = {k: v for k, v in _flatten(json.loads(json.dumps(config))).items()
+    leaves = {k: v for k, v in _flatten(json.loads(json.dumps(legacy_view(config)))).items()
               if not (k in later and v == later[k])}
     tree: dict[str, Any] = {}
     for key, value in leaves.items():

@@ -30,7 +30,7 @@ from plelab.experiments.sweep_store import SweepStore, config_diff
 from plelab.runs.lock import RUN_LOCK, SWEEP_LOCK, FolderLock
 from plelab.runs.metrics import read_metrics
 from plelab.training.callbacks import Callback
-from plelab.training.config import TrainConfig, train_config_dict
+from plelab.training.config import TrainConfig, legacy_view, train_config_dict
 from plelab.util.fs import atomic_write_bytes, check_output_path, pid_alive
 
 RESULT_FILE = "result.json"
@@ -41,6 +41,8 @@ SUPERSEDED_DIR = "superseded"
 """In the sweep folder: run folders set aside by `restart_changed` because the sweep now asks for another config."""
 LOG_FILE = "train.log"
 """In a run folder: the trainer's progress lines (appended on every attempt)."""
+ERROR_FILE = "error.txt"
+"""In a run folder: the traceback of the last failed attempt (removed when an attempt succeeds)."""
 TAIL_FRACTION = 0.1
 """The recorded training loss is the mean over this final fraction of the logged steps (less noisy than one step)."""
 
@@ -83,7 +85,7 @@ def changed_fields(point: SweepPoint, run_dir: Path, row: dict[str, Any] | None)
     if old is None:
         return []
     defaults = json.loads(json.dumps(train_config_dict(TrainConfig())))
-    return config_diff(old, json.loads(json.dumps(point.config_dict())), defaults)
+    return config_diff(legacy_view(old), json.loads(json.dumps(legacy_view(point.config_dict()))), defaults)
 
 
 def _fields_text(fields: list[str], limit: int = 6) -> str:
@@ -275,15 +277,26 @@ def _execute_locked(point: SweepPoint, run_dir: Path, store: SweepStore, quiet: 
             result = train_point(point, run_dir, quiet, threads, extra_callbacks)
             atomic_write_bytes(result_file, json.dumps(result, indent=2).encode())
         store.mark_done(point.name, result)
+        (run_dir / ERROR_FILE).unlink(missing_ok=True)  # an earlier attempt's traceback no longer applies
         return "done"
     except KeyboardInterrupt:
         store.mark_pending(point.name)
         raise
     except Exception as exc:  # a failed run must not stop the rest of the sweep
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "error.txt").write_text(traceback.format_exc())
+        (run_dir / ERROR_FILE).write_text(traceback.format_exc())
         store.mark_failed(point.name, f"{type(exc).__name__}: {exc}")
         return "failed"
+
+
+def status_text(store: SweepStore, sweep: Sweep, point: SweepPoint, status: str) -> str:
+    """`status`, and for a failed run the reason recorded with it and where the traceback is."""
+    if status != "failed":
+        return status
+    error = ((store.row(point.name) or {}).get("error") or "").strip().splitlines()
+    where = sweep.run_dir(point) / ERROR_FILE
+    more = f" (traceback in {where})" if where.is_file() else ""
+    return f"failed: {error[0] if error else 'no reason recorded'}{more}"
 
 
 def prepare(sweep: Sweep, restart_changed: bool = False) -> tuple[SweepStore, list[str]]:
@@ -344,7 +357,7 @@ def _run_subprocesses(sweep: Sweep, todo: list[SweepPoint], store: SweepStore, s
                     store.mark_failed(point.name, f"subprocess exited with code {proc.returncode}; "
                                                   f"see {sweep.run_dir(point) / LOG_FILE}")
                     status = "failed"
-                say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: {status}")
+                say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: {status_text(store, sweep, point, status)}")
     except KeyboardInterrupt:
         for proc in active:
             proc.send_signal(signal.SIGINT)  # each saves a checkpoint and marks itself pending
@@ -387,7 +400,8 @@ def run_sweep(sweep: Sweep, quiet: bool = False, say=print, restart_changed: boo
                 for point in todo:
                     say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: training")
                     status = execute_point(sweep, point, store, quiet=quiet)
-                    say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: {status}")
+                    say(f"[{point.index + 1}/{len(sweep.points)}] {point.name}: "
+                        f"{status_text(store, sweep, point, status)}")
             counts: dict[str, int] = {}
             for run in store.runs():
                 counts[run["status"]] = counts.get(run["status"], 0) + 1
@@ -412,7 +426,7 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
 
     rows, plan = {}, None
     if sweep.db_path.is_file():
-        with SweepStore(sweep.db_path) as store:
+        with SweepStore(sweep.db_path, readonly=True) as store:
             rows = {r["name"]: r for r in store.runs(in_grid_only=False)}
             plan = registered_plan(store)
     runs, counts = [], {}

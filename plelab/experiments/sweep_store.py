@@ -84,32 +84,82 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], defaults: dict[str, An
     return out
 
 
+def _cannot_write(exc: sqlite3.DatabaseError) -> bool:
+    """Whether an SQLite error means 'not allowed to write here' rather than 'damaged'."""
+    text = str(exc).lower()
+    return any(m in text for m in ("readonly", "read-only", "unable to open", "permission", "disk i/o"))
+
+
 class SweepStore:
     """Read and write the sweep database; safe to open from several processes at once."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, readonly: bool = False):
+        """readonly: only read (reports, --status); a sweep folder that cannot be written to is read as it is."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # timeout: wait for another process's write transaction instead of failing at once.
-        self.db = sqlite3.connect(self.path, timeout=60.0)
-        self.db.row_factory = sqlite3.Row
+        self.readonly = readonly
+        if not readonly:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db: sqlite3.Connection | None = None
         try:
+            self.db = self._connect()
+            self.db.row_factory = sqlite3.Row
             # quick_check reads every page (the database is small) so damage is found before anything is written.
             if self.db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("damaged pages")
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA foreign_keys=ON")
-            with self.db:
-                self.db.executescript(SCHEMA)
-                for table, columns in ADDED_COLUMNS.items():
-                    have = {r["name"] for r in self.db.execute(f"PRAGMA table_info({table})")}
-                    for name, kind in columns:
-                        if name not in have:
-                            self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+            if readonly:
+                self._schema_for_reading()
+            else:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA foreign_keys=ON")
+                with self.db:
+                    self.db.executescript(SCHEMA)
+                    for table, columns in ADDED_COLUMNS.items():
+                        have = {r["name"] for r in self.db.execute(f"PRAGMA table_info({table})")}
+                        for name, kind in columns:
+                            if name not in have:
+                                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
         except sqlite3.DatabaseError as exc:
-            self.db.close()
+            if self.db is not None:
+                self.db.close()
+            if _cannot_write(exc):  # a read-only folder or file: the records are fine, never advise moving them
+                raise PlelabError(f"cannot open {self.path} for writing ({exc}): the file is missing or its folder "
+                                  "or the file is read-only; reports and --status read it as it is") from None
             raise PlelabError(f"{self.path} is not a readable sweep database ({exc}); move it aside to start "
                               "the sweep's records afresh (run folders and their result.json are kept)") from None
+
+    def _connect(self) -> sqlite3.Connection:
+        # timeout: wait for another process's write transaction instead of failing at once.
+        if not self.readonly:
+            return sqlite3.connect(self.path, timeout=60.0)
+        if not self.path.is_file():
+            raise sqlite3.OperationalError("unable to open database file: no such file")
+        uri = self.path.resolve().as_uri()
+        db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60.0)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError:
+            # A WAL database in a folder nobody may write to: its -shm file cannot be made, so read the file as an
+            # unchanging one (nothing can be writing to it there).
+            db.close()
+            return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=60.0)
+
+    def _schema_for_reading(self) -> None:
+        """Tables a database written by an older plelab lacks, as empty temporary ones (reads see them empty)."""
+        have = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for statement in SCHEMA.split(";"):
+            words = statement.split()
+            if len(words) > 5 and words[5] not in have:  # CREATE TABLE IF NOT EXISTS <name>
+                self.db.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+        # Columns added since (ADDED_COLUMNS) read as NULL: a temporary view shadows the table of that name.
+        for table, columns in ADDED_COLUMNS.items():
+            if table not in have:
+                continue
+            cols = {r[1] for r in self.db.execute(f"PRAGMA main.table_info({table})")}
+            missing = [name for name, _ in columns if name not in cols]
+            if missing:
+                extra = ", ".join(f"NULL AS {name}" for name in missing)
+                self.db.execute(f"CREATE TEMP VIEW {table} AS SELECT *, {extra} FROM main.{table}")
 
     def close(self) -> None:
         """Close the connection."""

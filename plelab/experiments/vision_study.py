@@ -247,7 +247,7 @@ def is_vision_sweep(folder: str | Path) -> bool:
     path = Path(folder) / DB_FILE
     if not path.is_file():
         return False
-    with SweepStore(path) as store:
+    with SweepStore(path, readonly=True) as store:
         return any(((r["config"] or {}).get("vision") or {}).get("corpus") for r in store.runs())
 
 

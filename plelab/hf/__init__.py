@@ -1,8 +1,8 @@
 """Every piece of Hugging Face / Gemma checkpoint code: local Gemma 3n / Gemma 4 folders read without loading
 the PLE table into RAM, plelab models converted to and from HF names, and the exports in both directions.
 
-    checkpoint.py   the folder: config.json, safetensors shards (single or indexed), tokenizer.json; checks
-    safetensors.py  a pread-based safetensors reader: tensors in row chunks, arbitrary rows of the table
+    checkpoint.py   the folder: config.json, safetensors shards (single or indexed, read by
+                    plelab.util.safetensors), tokenizer.json; checks
     model.py        the transformers text model with its PLE table served from disk (StreamedEmbedding)
     interop.py      HF <-> plelab names and configs (Gemma PLE, Gemma 4, Llama); weights into LanguageModel
     run_export.py   `plelab export-hf`: an arch = "gemma4" run as a folder transformers loads

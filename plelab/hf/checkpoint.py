@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
-from plelab.hf.safetensors import TensorInfo, read_header
+from plelab.util.safetensors import TensorInfo, read_header
 
 FAMILIES = {"gemma3n": "gemma3n", "gemma3n_text": "gemma3n", "gemma4": "gemma4", "gemma4_text": "gemma4"}
 """config.json model_type -> architecture family."""

@@ -103,7 +103,7 @@ def hf_source(path: str | Path) -> Gemma4Source:
     """A Hugging Face Gemma 4 folder as a GGUF source; tensors are read from the shards a chunk of rows at a time."""
     from plelab.hf.checkpoint import HFCheckpoint
     from plelab.hf.interop import gemma4_config_from_hf
-    from plelab.hf.safetensors import read_rows, read_tensor
+    from plelab.util.safetensors import read_rows, read_tensor
 
     ckpt = HFCheckpoint.open(path)
     if ckpt.family != "gemma4":

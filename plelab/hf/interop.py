@@ -32,9 +32,10 @@ computes what `LlamaForCausalLM` computes (tests/hf/test_llama_parity.py checks 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ from torch import nn
 
 from plelab.errors import PlelabError
 from plelab.model.config import ModelConfig
+from plelab.training.initial_weights import WeightSource, register_weight_source
 
 if TYPE_CHECKING:
     from plelab.model.transformer import LanguageModel
@@ -181,8 +183,6 @@ class _TensorSource:
             )
 
     def _open_safetensors(self, path: Path) -> None:
-        from safetensors import safe_open
-
         if path.is_dir():
             files = sorted(path.glob("*.safetensors"))
             config_file = path / "config.json"
@@ -201,7 +201,7 @@ class _TensorSource:
             if absent:
                 raise HFInteropError(f"{path} lacks {len(absent)} shard(s) its index lists: {', '.join(absent[:3])}")
         for f in files:
-            with safe_open(str(f), framework="pt") as handle:
+            with _open_checked(f) as handle:
                 for key in handle.keys():
                     self._files[key] = f
         if self.config is None and config_file.exists():
@@ -219,19 +219,43 @@ class _TensorSource:
         """One tensor's shape, without reading its data from disk."""
         if self._tensors is not None:
             return tuple(self._tensors[key].shape)
-        from safetensors import safe_open
-
-        with safe_open(str(self._files[key]), framework="pt") as handle:
+        with _open_checked(self._files[key]) as handle:
             return tuple(handle.get_slice(key).get_shape())
 
     def get(self, key: str) -> torch.Tensor:
         """One tensor by name (from disk only now, so a large checkpoint is never read whole)."""
         if self._tensors is not None:
             return self._tensors[key]
-        from safetensors import safe_open
-
-        with safe_open(str(self._files[key]), framework="pt") as handle:
+        with _open_checked(self._files[key]) as handle:
             return handle.get_tensor(key)
+
+    def copy_rows_into(self, key: str, first: int, target: torch.Tensor) -> None:
+        """target <- rows [first, first + len(target)) of one tensor in target's dtype (a rank's part of a table):
+        read from disk with pread in chunks, so neither the whole tensor nor a second copy of the rows is held."""
+        n = target.shape[0]
+        if self._tensors is not None:
+            target.copy_(self._tensors[key][first : first + n])
+            return
+        from plelab.util.safetensors import READ_CHUNK, read_header, read_rows
+
+        info = read_header(self._files[key])[key]
+        step = max(1, READ_CHUNK // max(1, info.row_bytes))
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            target[a:b].copy_(read_rows(info, first + a, first + b))
+
+
+@contextlib.contextmanager
+def _open_checked(path: Path) -> Iterator[Any]:
+    """safe_open(path), every failure to read it (a damaged header, a truncated file) one HFInteropError line."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            yield handle
+    except (SafetensorError, OSError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise HFInteropError(f"{path} is not a readable safetensors file ({why})") from None
 
 
 def _text_config_dict(config: Any) -> dict[str, Any] | None:
@@ -676,8 +700,10 @@ def load_hf_gemma4_weights(
 
     Every one of our weights must be found with its shape, and every text-model tensor of the source must have
     a place here; all names and shapes are checked (from file headers) before anything is read or copied, then
-    tensors are read and copied one at a time, so loading never holds a second copy of the model. Vision /
-    audio towers of a multimodal checkpoint are ignored. A model on the meta device is only checked.
+    tensors are read and copied one at a time, so loading never holds a second copy of the model. A PLE table
+    holding only some rows (one rank's part, `plelab.model.ple.table_rows`) is checked against the whole table's
+    shape and only its rows are read. Vision / audio towers of a multimodal checkpoint are ignored. A model on
+    the meta device is only checked.
     """
     cfg = model.config
     if cfg.arch != "gemma4":
@@ -687,6 +713,19 @@ def load_hf_gemma4_weights(
         src, "embed_tokens.weight", "Gemma 4 text model"
     )
     targets = dict(model.named_parameters()) | dict(model.named_buffers())
+    # A PLE table split across processes holds rows [first, first + held) of `total`: read only those.
+    parts: dict[str, tuple[int, int]] = {}
+    if model.per_layer_inputs is not None:
+        from plelab.model.ple import table_rows
+
+        first, held, total = table_rows(model.per_layer_inputs.embed_tokens_per_layer)
+        if held != total:
+            parts["per_layer_inputs.embed_tokens_per_layer.weight"] = (first, total)
+
+    def whole_shape(ours: str) -> tuple[int, ...]:
+        shape = tuple(targets[ours].shape)
+        return (parts[ours][1], *shape[1:]) if ours in parts else shape
+
     plan = {ours: prefix + gemma4_hf_name(ours) for ours in model.state_dict() if ours != "lm_head.weight"}
     head_key = next((k for k in src.keys() if k.endswith("lm_head.weight")), None)
     if not cfg.tie_embeddings:
@@ -697,8 +736,8 @@ def load_hf_gemma4_weights(
     if unknown:
         raise HFInteropError(f"the {src.description} has text-model tensors this config does not build: "
                              f"{', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''} (config/weights mismatch)")
-    wrong = [f"{hf} is {src.shape(hf)}, {ours} needs {tuple(targets[ours].shape)}"
-             for ours, hf in plan.items() if src.shape(hf) != tuple(targets[ours].shape)]
+    wrong = [f"{hf} is {src.shape(hf)}, {ours} needs {whole_shape(ours)}"
+             for ours, hf in plan.items() if src.shape(hf) != whole_shape(ours)]
     if wrong:
         raise HFInteropError(f"shape mismatch loading HF weights ({len(wrong)}): " + "; ".join(wrong[:3]))
     if cfg.tie_embeddings and head_key is not None:
@@ -708,7 +747,10 @@ def load_hf_gemma4_weights(
         with torch.no_grad():
             for ours, hf in plan.items():
                 target = targets[ours]
-                target.copy_(src.get(hf).to(device=target.device, dtype=target.dtype))
+                if ours in parts:
+                    src.copy_rows_into(hf, parts[ours][0], target)
+                else:
+                    target.copy_(src.get(hf).to(device=target.device, dtype=target.dtype))
     return plan
 
 
@@ -736,3 +778,6 @@ def gemma4_folder_config(path: str | Path, like: ModelConfig | None = None) -> M
         skeleton = LanguageModel(cfg)
     load_hf_gemma4_weights(skeleton, folder)
     return cfg
+
+
+register_weight_source("hf", WeightSource(gemma4_folder_config, load_hf_gemma4_weights))

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint, HFCheckpointError
-from plelab.hf.safetensors import TensorInfo, gather_rows, read_rows, read_tensor
+from plelab.util.safetensors import TensorInfo, gather_rows, read_rows, read_tensor
 
 COPY_CHUNK_BYTES = 16 << 20
 """Bytes of a weight read at a time while loading (the biggest tensor is never whole twice)."""

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 
 from plelab import __version__
-from plelab.edge.export import EMBED, PLE_TABLE, ExportError, ExportOptions, layout_for_config, table_records
+from plelab.edge.export import (
+    EMBED,
+    PLE_TABLE,
+    ExportError,
+    ExportOptions,
+    checked_tokenizer_text,
+    layout_for_config,
+    table_records,
+)
 from plelab.edge.format import Layout, write_ple
 from plelab.model.config import ModelConfig
 from plelab.model.presets import load_model_config
@@ -56,7 +64,7 @@ def hf_layout(path: str | Path, opts: ExportOptions, tokenizer: dict[str, Any] |
 def export_hf(path: str | Path, out: str | Path, opts: ExportOptions, with_tokenizer: bool = True) -> Layout:
     """Write the PLE table (and the main embedding) of a Gemma folder to `out`, a chunk of rows at a time."""
     from plelab.hf.checkpoint import HFCheckpoint
-    from plelab.hf.safetensors import read_rows
+    from plelab.util.safetensors import read_rows
 
     ckpt = HFCheckpoint.open(path)
     embed = ckpt.tensors.get(EMBED)
@@ -66,10 +74,7 @@ def export_hf(path: str | Path, out: str | Path, opts: ExportOptions, with_token
         raise ExportError(f"{path}: config/weights mismatch: {ckpt.prefix}{EMBED} {got}, config.json implies {want}")
     tok_blob, tok = b"", None
     if with_tokenizer and ckpt.tokenizer_json is not None:
-        try:
-            text = ckpt.tokenizer_json.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ExportError(f"{ckpt.tokenizer_json} is not UTF-8 text (corrupt?); pass --no-tokenizer") from exc
+        text = checked_tokenizer_text(ckpt.tokenizer_json)
         tok_blob = zlib.compress(text.encode("utf-8"), 9)
         tok = {"encoding": "zlib", "bytes": len(tok_blob), "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
     layout = hf_layout(path, opts, tok)

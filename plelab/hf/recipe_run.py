@@ -144,7 +144,7 @@ def measure_ple_file(measurer: Measurer, path: Path, table_only: bool, recipe: d
 def _original_rows(model: RecipeModel, m, ids: np.ndarray) -> np.ndarray:
     if m.tensor is not None:
         return m.tensor.detach().float().cpu().numpy()[ids]
-    from plelab.hf.safetensors import gather_rows
+    from plelab.util.safetensors import gather_rows
 
     return gather_rows(model._streamed.info, ids).numpy()
 

@@ -18,7 +18,7 @@ import torch
 
 from plelab.errors import PlelabError
 from plelab.hf.interop import HFInteropError, hf_gemma4_config, hf_gemma4_state_dict
-from plelab.util.fs import check_output_path, fsync_dir
+from plelab.util.fs import check_output_path, fsync_dir, resolve_path
 
 
 def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transformers_only: bool = False) -> Path:
@@ -30,6 +30,7 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
     from plelab.inference.load import checkpoint_tokenizer, load_model
 
     out = check_output_path(out, overwrite=overwrite, inputs=(run,), is_dir=True)
+    _refuse_losing_data(Path(run), out)
     model, _ = load_model(run)
     cfg = model.config
     if cfg.arch != "gemma4":
@@ -66,10 +67,43 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
     try:
         _write_folder(tmp, hf_config, weights, tokenizer)
         _replace_folder(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _is_write_failure(exc):  # a full disk, a quota: safetensors reports it as its own error type
+            raise PlelabError(f"cannot write {out}: {_write_failure_text(exc)}; nothing was written") from None
         raise
     return out
+
+
+def _refuse_losing_data(run: Path, out: Path) -> None:
+    """Refuse an OUT whose replacement would delete the run (OUT holds it, or lies inside it and exists) or a
+    folder of other files (only a Hugging Face model folder, e.g. an earlier export, is ever replaced)."""
+    from plelab.hf.checkpoint import is_hf_folder
+
+    source, target = resolve_path(run), resolve_path(out)
+    if source.is_relative_to(target):
+        raise PlelabError(f"{run} lies inside the output folder {out}, which an export replaces; choose an OUT "
+                          "outside it")
+    # The run folder of a checkpoint given directly (RUN/checkpoints/step_N).
+    run_dir = source.parent.parent if source.parent.name == "checkpoints" else source
+    if target.is_relative_to(run_dir) and out.exists():
+        raise PlelabError(f"output {out} lies inside the run {run_dir}: replacing it would delete part of the run; "
+                          "choose an OUT outside it")
+    if out.is_dir() and any(out.iterdir()) and not is_hf_folder(out):
+        raise PlelabError(f"output {out} is not empty and is not a Hugging Face model folder; refusing to replace "
+                          "it (choose another OUT)")
+
+
+def _is_write_failure(exc: BaseException) -> bool:
+    from safetensors import SafetensorError
+
+    return isinstance(exc, OSError) or (isinstance(exc, SafetensorError) and "I/O error" in str(exc))
+
+
+def _write_failure_text(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc).split("I/O error:", 1)[-1].split("(os error")[0].strip()
 
 
 def _write_folder(folder: Path, hf_config, weights: dict[str, torch.Tensor], tokenizer) -> None:

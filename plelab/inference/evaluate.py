@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from plelab.data.prepare import HELDOUT_DOMAIN, EvalDomain
 from plelab.errors import PlelabError
-from plelab.model.transformer import LanguageModel
+from plelab.model.transformer import LanguageModel, check_token_ids
 
 SAMPLES = ("spread", "head", "all")
 """How a capped evaluation picks its tokens (module docstring)."""
@@ -122,6 +122,7 @@ def evaluate_domains(
     model.eval()
     out: dict[str, Any] = {}
     for name, dom in sorted(domains.items()):
+        check_token_ids(dom.tokens, model.config.vocab_size)  # once per domain, on the host (forward does not)
         scored, starts, n_bytes = sample_windows(dom, seq_len, max_tokens, sample)
         if not starts:
             continue

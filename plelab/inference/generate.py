@@ -130,5 +130,6 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, sampling: Sampl
         raise TypeError("pass either sampling or Sampling fields, not both")
     sampling = sampling or Sampling(**settings)
     check_fits(prompt, max_new_tokens, model.config.max_seq_len)
+    model.check_ids(prompt)  # sampled ids lie in the vocabulary: the prompt is the only one to check
     forward = model_forward(model, len(prompt) + max_new_tokens - 1)
     return generate_ids(forward, prompt, max_new_tokens, sampling, stop_id)

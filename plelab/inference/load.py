@@ -26,6 +26,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", verify: boo
     if verify:
         verify_checkpoint(ckpt)
     meta = read_checkpoint_json(ckpt / "config.json")
+    if ((meta.get("train") or {}).get("vision") or {}).get("corpus"):
+        raise CheckpointError(f"{path} is a vision run (images and captions, not a text model): `plelab vision "
+                              "diagnose` reads it; eval, generate, diagnose and export take text runs")
     try:
         cfg = from_dict(ModelConfig, meta["model"])
     except (ConfigError, KeyError, TypeError) as exc:

@@ -23,6 +23,7 @@ from torch import nn
 
 from plelab.model.config import ModelConfig
 from plelab.model.norm import NormFn, RMSNorm, rms_norm
+from plelab.model.row_init import normal_rows_
 
 
 class PerLayerInputs(nn.Module):
@@ -48,8 +49,16 @@ class PerLayerInputs(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Table ~ N(0, ple.table_init_std), context projection ~ N(0, init_std), its norm at one."""
-        nn.init.normal_(self.embed_tokens_per_layer.weight, std=self.table_std, generator=generator)
+        """Table ~ N(0, ple.table_init_std), context projection ~ N(0, init_std), its norm at one.
+
+        A table holding only some rows of the whole (`table_rows`) gets the numbers the whole draw gives them."""
+        first, held, total = table_rows(self.embed_tokens_per_layer)
+        with torch.no_grad():
+            if held != total:
+                normal_rows_(self.embed_tokens_per_layer.weight, self.table_std,
+                             torch.default_generator if generator is None else generator, first, total)
+            else:
+                nn.init.normal_(self.embed_tokens_per_layer.weight, std=self.table_std, generator=generator)
         if self.context:
             nn.init.normal_(self.per_layer_model_projection.weight, std=self.std, generator=generator)
             self.per_layer_projection_norm.reset_parameters()
@@ -68,6 +77,12 @@ class PerLayerInputs(nn.Module):
         ctx = self.per_layer_model_projection(inputs_embeds) * self.per_layer_model_projection_scale
         ctx = self.per_layer_projection_norm(ctx.view(*inputs_embeds.shape[:-1], self.num_layers, self.dim))
         return (ctx + ple) * self.per_layer_input_scale
+
+
+def table_rows(table: nn.Embedding) -> tuple[int, int, int]:
+    """(first row, rows held, rows of the whole table) of a PLE table: all of it for an nn.Embedding; a table split
+    across processes (plelab.parallel.table.ShardedEmbedding) holds rows [lo, lo + n) of num_rows."""
+    return getattr(table, "lo", 0), table.num_embeddings, getattr(table, "num_rows", table.num_embeddings)
 
 
 class PerLayerInjection(nn.Module):

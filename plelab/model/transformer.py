@@ -25,14 +25,15 @@ kernels computing the same math (plelab/model/kernels.py); the choice is made on
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plelab.errors import PlelabError
+from plelab.errors import PlelabError, token_id_message
 from plelab.model import kernels
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import build_ffn
@@ -45,6 +46,19 @@ Tensor = torch.Tensor
 
 class TokenIdError(PlelabError, ValueError):
     """Token ids outside the model's vocabulary."""
+
+
+def check_token_ids(ids: Tensor | np.ndarray | Sequence[int], vocab_size: int) -> None:
+    """Raise TokenIdError if any id is outside [0, vocab_size).
+
+    Called where batches and prompts are made (the data loader, evaluation, generation, diagnostics), on host
+    arrays: a min and a max per batch, never a device-to-host sync inside the model's forward pass."""
+    arr = ids.detach().cpu().numpy() if isinstance(ids, Tensor) else np.asarray(ids)
+    if arr.size == 0:
+        return
+    if int(arr.min()) < 0 or int(arr.max()) >= vocab_size:
+        flat = arr.reshape(-1)
+        raise TokenIdError(token_id_message(vocab_size, flat[(flat < 0) | (flat >= vocab_size)][:5].tolist()))
 
 
 def rope_tables(head_dim: int, length: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
@@ -227,14 +241,22 @@ class LanguageModel(nn.Module):
             self.layers = nn.ModuleList(layers)
             self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, fn=self.ops.rms_norm)
             self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if not skeleton:
-            self.to_empty(device="cpu")
-        cos, sin = self.rope_buffers(cfg, "meta" if skeleton else "cpu")
+        cos, sin = self.rope_buffers(cfg, "meta")
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if not skeleton:
-            self.reset_parameters()
-            self.to(target)
+            self.materialize(target)
+
+    def materialize(self, device: torch.device | str | None = None) -> LanguageModel:
+        """Give a meta-device skeleton real weights: allocated and initialised on the CPU from the global RNG, as
+        the constructor does for a real device, then moved to `device`; returns self.
+
+        A part swapped in before (a PLE table holding only some rows: plelab.parallel) gets the numbers the
+        whole model would give it, so nothing bigger than that part is ever allocated."""
+        self.to_empty(device="cpu")
+        self.rope_cos, self.rope_sin = self.rope_buffers(self.config, "cpu")
+        self.reset_parameters()
+        return self.to(device if device is not None else torch.get_default_device())
 
     @staticmethod
     def rope_buffers(cfg: ModelConfig, device=None) -> tuple[Tensor, Tensor]:
@@ -276,19 +298,14 @@ class LanguageModel(nn.Module):
         """The (V, H) output-head matrix (the input embedding when tied)."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def check_ids(self, input_ids: Tensor) -> None:
-        """Raise TokenIdError if any id is outside [0, vocab_size)."""
-        # One host sync on the happy path; min/max are only computed for the error message.
-        if bool(((input_ids < 0) | (input_ids >= self.config.vocab_size)).any()):
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            raise TokenIdError(
-                f"token ids must lie in [0, {self.config.vocab_size}); got min {lo}, max {hi} "
-                "(is the tokenizer the one this model was built for?)"
-            )
+    def check_ids(self, input_ids: Tensor | np.ndarray | Sequence[int]) -> None:
+        """Raise TokenIdError if any id is outside [0, vocab_size) (see `check_token_ids`: call it where the ids are
+        made, on the host; the forward pass does not check)."""
+        check_token_ids(input_ids, self.config.vocab_size)
 
     def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Final normed hidden states (B, T, H)."""
-        self.check_ids(input_ids)
+        """Final normed hidden states (B, T, H). Ids are not checked here (no device-to-host sync per step, no
+        graph break under compile): whoever makes the batch checks them (`check_token_ids`)."""
         x = self.embed(input_ids)
         ple = self.per_layer_inputs(input_ids, x) if self.per_layer_inputs is not None else None
         return self.run_layers(x, ple, cache)

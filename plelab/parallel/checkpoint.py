@@ -35,6 +35,7 @@ from plelab.runs.checkpoint import (
 )
 from plelab.training.optim import Optimizer
 from plelab.util.dataclass_config import to_dict
+from plelab.util.safetensors import read_header, read_rows_into
 
 TABLE_WEIGHT = "per_layer_inputs.embed_tokens_per_layer.weight"
 """The PLE table's parameter name (the one tensor sharded by vocabulary)."""
@@ -65,14 +66,15 @@ class ShardLayout:
         return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=(rows, dim), stride=(dim, 1))
 
     def part_of(self, name: str, full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """This rank's part of a full (single-process) tensor, shaped like the local tensor `like`."""
+        """This rank's part of a full (single-process) tensor, shaped like the local tensor `like` (the table's
+        rows are a view: the caller copies them)."""
         if isinstance(like, DTensor):
             lo, hi = shard_bounds(full.shape[0], self.world)
             return DTensor.from_local(full[lo:hi].clone(), like.device_mesh, like.placements, run_check=False,
                                       shape=full.shape, stride=full.stride())
         if self.table is not None and name == TABLE_WEIGHT:
             lo, hi = shard_bounds(full.shape[0], self.world)
-            return full[lo:hi].clone()
+            return full[lo:hi]
         return full
 
 
@@ -163,22 +165,79 @@ def load_training_state_only(ckpt: Path) -> dict[str, Any]:
 
 
 def _load_single(ckpt: Path, model: nn.Module, optimizer: Optimizer, layout: ShardLayout) -> dict[str, Any]:
-    """A single-process checkpoint into this rank's parts (each rank reads the files, keeps its share)."""
-    from safetensors.torch import load_file
+    """A single-process checkpoint into this rank's parts: each rank reads its rows of the PLE table (and of its
+    Adam moments) and the other tensors one at a time, never the whole table."""
+    from safetensors import safe_open
 
-    full = unpack_mask_weights(load_file(str(Path(ckpt) / "model.safetensors")), model)
     model_state = model.state_dict()
-    missing = sorted(set(model_state) - set(full))
-    if missing:
-        raise CheckpointError(f"{ckpt}: weights missing for {missing[:5]}")
-    for k, v in model_state.items():
-        _copy_into(v, layout.part_of(k, full[k], v))
-    del full
-    state = load_training_state(ckpt)
+    with safe_open(str(Path(ckpt) / "model.safetensors"), framework="pt") as f:
+        missing = sorted(set(model_state) - {k.removesuffix("mask_bits") + "mask_logits" if k.endswith("mask_bits")
+                                             else k for k in f.keys()})
+        if missing:
+            raise CheckpointError(f"{ckpt}: weights missing for {missing[:5]}")
+        for key in f.keys():
+            if layout.table is not None and key == TABLE_WEIGHT:
+                shape = tuple(f.get_slice(key).get_shape())
+                if shape != (layout.table.num_rows, layout.table.embedding_dim):
+                    raise CheckpointError(f"{ckpt}: {key} has shape {shape} but the model needs "
+                                          f"{(layout.table.num_rows, layout.table.embedding_dim)} (was the model "
+                                          "shape changed?)")
+                # pread straight into this rank's rows: safe_open's memory map would leave the pages in RSS.
+                info = read_header(Path(ckpt) / "model.safetensors")[key]
+                read_rows_into(info, shard_bounds(shape[0], layout.world)[0], model_state[key])
+                continue
+            (name, value), = unpack_mask_weights({key: f.get_tensor(key)}, model).items()
+            target = model_state[name]
+            whole = tuple(target.shape) if not isinstance(target, DTensor) else tuple(target.size())
+            if tuple(value.shape) != whole:
+                raise CheckpointError(f"{ckpt}: {name} has shape {tuple(value.shape)} but the model needs {whole} "
+                                      "(was the model shape changed?)")
+            _copy_into(target, layout.part_of(name, value, target))
+    # mmap: only this rank's rows of the table's Adam moments are read from disk (and their pages let go).
+    state = load_training_state(ckpt, mmap=True)
     params = optimizer.named_params()
     named = optimizer.named_from_state_dict(state.pop("optimizer"))
-    optimizer.load_named_state({
-        name: {f: t if f == "step" else layout.part_of(name, t, params[name]) for f, t in fields.items()}
-        for name, fields in named.items()
-    })
+    local = {}
+    for name, fields in named.items():
+        local[name] = {}
+        for field, t in fields.items():
+            if field != "step" and layout.table is not None and name == TABLE_WEIGHT:
+                local[name][field] = _mapped_rows(t, *shard_bounds(t.shape[0], layout.world))
+            elif field == "step":
+                local[name][field] = t
+            else:  # copied out of the file mapping (so no copy is made again below)
+                part = layout.part_of(name, t, params[name])
+                local[name][field] = part if isinstance(part, DTensor) else part.clone()
+    optimizer.load_named_state(local, copy=False)
     return state
+
+
+def _mapped_rows(full: torch.Tensor, lo: int, hi: int, chunk_bytes: int = 64 << 20) -> torch.Tensor:
+    """Rows [lo, hi) of a tensor `torch.load(mmap=True)` mapped from a file, copied out chunk by chunk, each
+    chunk's pages handed back to the kernel once copied: the file's pages never pile up in this process's RSS.
+
+    Safe because the mapping is private and never written: a page dropped (MADV_DONTNEED) is read again from
+    the file if touched later (and `full` is not read again here anyway)."""
+    out = torch.empty((hi - lo, *full.shape[1:]), dtype=full.dtype)
+    step = max(1, chunk_bytes // max(1, full[0].numel() * full.element_size())) if full.shape[0] else 1
+    for a in range(lo, hi, step):
+        b = min(hi, a + step)
+        out[a - lo : b - lo] = full[a:b]
+        _drop_pages(full[a:b])
+    return out
+
+
+def _drop_pages(t: torch.Tensor) -> None:
+    """madvise(MADV_DONTNEED) the whole pages inside t's bytes (Linux; elsewhere nothing happens)."""
+    import ctypes
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux") or not t.numel():
+        return
+    page = mmap.PAGESIZE
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    first, last = -(-start // page) * page, end // page * page  # only pages wholly inside t
+    if last > first:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # 4 = MADV_DONTNEED

@@ -38,6 +38,17 @@ def _no_buffer_sync() -> dict[str, bool]:
     return {"forward_sync_buffers": False} if new else {"broadcast_buffers": False}
 
 
+def parallel_mode(requested: str, world: group.World) -> str:
+    """What a run does on `world`: "none" in one process; on several ranks "ddp" for auto, else what was asked
+    ("none" there is refused: the ranks would each train alone)."""
+    if not world.distributed:
+        return "none"
+    if requested == "none":
+        raise PlelabError(f"started on {world.size} ranks but parallel = \"none\"; set parallel = \"auto\", "
+                          "\"ddp\" or \"fsdp\" (e.g. --set parallel=ddp)")
+    return "ddp" if requested == "auto" else requested
+
+
 class Parallel:
     """The ranks of this run and what the trainer does differently on them (see the module docstring)."""
 
@@ -47,12 +58,9 @@ class Parallel:
             device = torch.device("cuda", self.world.local_rank)  # one GPU per rank on each node
             torch.cuda.set_device(device)
         self.device = device
-        self.mode = cfg.parallel if self.world.distributed else "none"
+        self.mode = parallel_mode(cfg.parallel, self.world)
         self.activation_checkpointing = cfg.activation_checkpointing
         n = self.world.size
-        if self.world.distributed and cfg.parallel == "none":
-            raise PlelabError(f"started on {n} ranks but parallel = \"none\"; set parallel = \"ddp\" or \"fsdp\" "
-                              "(e.g. --set parallel=ddp)")
         if cfg.batch_size % n:
             raise PlelabError(f"batch_size {cfg.batch_size} is the global batch and must be divisible by the "
                               f"world size {n}; pick a multiple of {n}")
@@ -70,8 +78,16 @@ class Parallel:
         """More than one rank."""
         return self.world.distributed
 
+    def materialize(self, skeleton: nn.Module) -> nn.Module:
+        """Real weights for a meta-device model (`LanguageModel.materialize`) on this rank's device; on several
+        ranks the PLE table is cut to this rank's rows first, so no rank ever holds the whole table."""
+        if self.distributed:
+            self.table = shard_ple_table(skeleton, self.world)
+        return skeleton.materialize(self.device)
+
     def wrap(self, model: nn.Module, bf16: bool = False) -> nn.Module:
-        """Shard the PLE table and apply DDP / FSDP2 (in place where possible); returns the module to call."""
+        """Shard the PLE table (unless `materialize` did) and apply DDP / FSDP2 (in place where possible); returns
+        the module to call."""
         if self.activation_checkpointing:
             checkpoint_activations(model)
         if not self.distributed:

@@ -85,10 +85,13 @@ def ple_table_module(model: nn.Module) -> nn.Embedding | None:
 
 
 def shard_ple_table(model: nn.Module, world: World) -> ShardedEmbedding | None:
-    """Replace the model's PLE table by this rank's rows of it (in place); returns the new module."""
+    """Replace the model's PLE table by this rank's rows of it (in place); returns the new module.
+
+    On a meta-device model nothing is allocated: `LanguageModel.materialize` then draws only these rows, with the
+    numbers the whole table would give them (a table already sharded is returned as it is)."""
     table = ple_table_module(model)
-    if table is None:
-        return None
+    if table is None or isinstance(table, ShardedEmbedding):
+        return table
     lo, hi = shard_bounds(table.num_embeddings, world)
     sharded = ShardedEmbedding(table.weight.detach()[lo:hi].clone(), lo, table.num_embeddings, table.sparse)
     model.per_layer_inputs.embed_tokens_per_layer = sharded

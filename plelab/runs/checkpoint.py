@@ -266,12 +266,15 @@ def read_weights(ckpt: Path, model: LanguageModel, device: str | torch.device = 
     return weights
 
 
-def load_training_state(ckpt: Path) -> dict[str, Any]:
-    """The optimizer/loader/RNG state saved with a checkpoint."""
+def load_training_state(ckpt: Path, mmap: bool = False) -> dict[str, Any]:
+    """The optimizer/loader/RNG state saved with a checkpoint.
+
+    mmap: map state.pt instead of reading it, so only the parts used are read (one rank's rows of the table's
+    Adam moments); the tensors are then backed by the file (copy-on-write): clone what is kept."""
     f = Path(ckpt) / "state.pt"
     if not f.is_file():
         raise CheckpointError(f"{ckpt} has no training state (a weights-only checkpoint cannot be resumed)")
-    state = torch.load(f, map_location="cpu", weights_only=False)
+    state = torch.load(f, map_location="cpu", weights_only=False, mmap=mmap)
     if is_sharded(ckpt):
         flat = read_sharded(ckpt, SHARDED_OPTIM_PREFIX)
         named: dict[str, dict[str, torch.Tensor]] = {}

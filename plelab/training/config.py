@@ -13,7 +13,7 @@ from plelab.model.presets import load_model_config
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
 from plelab.util.device import PRECISIONS, PrecisionChoice
 
-ParallelMode = Literal["none", "ddp", "fsdp"]
+ParallelMode = Literal["auto", "none", "ddp", "fsdp"]
 PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
 EvalSample = Literal["spread", "head", "all"]
 EVAL_SAMPLES: tuple[str, ...] = get_args(EvalSample)
@@ -70,6 +70,11 @@ class TrainConfig:
     switch for it: the model the run builds records it as ple.sparse_grad (plelab.training.optim.model_config_for)."""
     seed: int = 1337
     """Seed for initialisation, data order and sampling."""
+    init_from_hf: str = ""
+    """A local Hugging Face Gemma 4 folder to start from (`plelab train --init-from-hf PATH` sets it): its
+    config.json replaces [model] (arch = gemma4) and its weights the random initialisation when the model is built,
+    on every rank its own rows of the PLE table. Recorded with the run, so `--resume` before the first checkpoint
+    starts from these weights again; a checkpoint, once written, is what resume reads."""
     device: str = "auto"
     """auto (cuda, then mps, then cpu), or an explicit torch device."""
     dtype: PrecisionChoice = "auto"
@@ -84,11 +89,13 @@ class TrainConfig:
     the first steps are slow while it compiles."""
     pin_memory: bool = True
     """On CUDA, copy each batch through pinned host memory with non_blocking=True (no effect on the CPU)."""
-    parallel: ParallelMode = "none"
-    """Under torchrun: "ddp" (weights replicated, gradients all-reduced) or "fsdp" (FSDP2 fully_shard per decoder
-    layer + root: weights, gradients and optimizer state sharded). Either way the PLE table is split by
-    vocabulary across ranks (plelab.parallel). batch_size is then the global batch (divisible by the world
-    size). One process without torchrun ignores it and trains as with "none"."""
+    parallel: ParallelMode = "auto"
+    """auto = "ddp" when started on several ranks (torchrun), one process otherwise; or explicitly "ddp" (weights
+    replicated, gradients all-reduced), "fsdp" (FSDP2 fully_shard per decoder layer + root: weights, gradients
+    and optimizer state sharded) or "none" (one process; refused on several ranks). On several ranks the PLE
+    table is split by vocabulary (plelab.parallel) and batch_size is the global batch (divisible by the world
+    size). One process without torchrun trains alone whatever this says. Hashes and sweep comparisons read
+    "auto" as "none", the former default (see LEGACY_DEFAULTS)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of storing them (less memory, ~1/3
     more compute)."""
@@ -178,6 +185,21 @@ class TrainConfig:
         from plelab.model.params import count_params
 
         return count_params(self.model)
+
+
+LEGACY_DEFAULTS: dict[str, tuple[Any, Any]] = {"parallel": ("auto", "none")}
+"""Fields whose default changed after run hashes were introduced: {field: (new default, former default)}. In one
+process, where sweeps train, the new default trains exactly as the former one did; config hashes and sweep config
+comparisons read it as the former value (`legacy_view`), so existing sweeps keep their run keys and their work."""
+
+
+def legacy_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A train_config_dict with every new default of LEGACY_DEFAULTS written as the former one (for hashing)."""
+    out = dict(config)
+    for name, (new, former) in LEGACY_DEFAULTS.items():
+        if out.get(name) == new:
+            out[name] = former
+    return out
 
 
 def load_train_config(source: str | Path | dict[str, Any], overrides: list[str] | None = None) -> TrainConfig:

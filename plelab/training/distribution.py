@@ -74,6 +74,11 @@ class Distribution(Protocol):
 
     world: World
     device: torch.device
+    mode: str
+    """What the run does across processes: "none" (one process), "ddp" or "fsdp"."""
+
+    def materialize(self, skeleton: nn.Module) -> nn.Module:
+        """Real weights for a meta-device model on this rank's device (only this rank's rows of a split table)."""
 
     def wrap(self, model: nn.Module, bf16: bool = False) -> nn.Module:
         """Prepare the model for training here (activation checkpointing, sharding, DDP / FSDP); the module to call."""
@@ -120,7 +125,11 @@ class SingleProcess:
                               "distribution for them: pass distribution=plelab.parallel.engine.from_environment(cfg) "
                               "(as `plelab train` does)")
         self.device = device
+        self.mode = "none"
         self.activation_checkpointing = cfg.activation_checkpointing
+
+    def materialize(self, skeleton: nn.Module) -> nn.Module:
+        return skeleton.materialize(self.device)
 
     def wrap(self, model: nn.Module, bf16: bool = False) -> nn.Module:  # noqa: ARG002 - one process: no sharding
         if self.activation_checkpointing:

@@ -132,8 +132,11 @@ class Optimizer:
         """Every parameter this optimizer updates, by name."""
         return {self.names[id(p)]: p for opt in self.optimizers for g in opt.param_groups for p in g["params"]}
 
-    def load_named_state(self, named: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Restore what `named_state` returned (tensors already shaped like this optimizer's parameters)."""
+    def load_named_state(self, named: dict[str, dict[str, torch.Tensor]], copy: bool = True) -> None:
+        """Restore what `named_state` returned (tensors already shaped like this optimizer's parameters).
+
+        copy=False: the moments are taken as they are (the caller made them for this optimizer alone; on the
+        parameter's device no second copy of a large table's moments is made)."""
         for opt in self.optimizers:
             sparse = opt is self.sparse
             for group in opt.param_groups:
@@ -142,11 +145,10 @@ class Optimizer:
                     if st is None:
                         continue
                     step = st["step"].detach().clone().float()
-                    opt.state[p] = {
-                        "step": int(step.item()) if sparse else step,
-                        "exp_avg": st["exp_avg"].detach().to(p.device).clone(),
-                        "exp_avg_sq": st["exp_avg_sq"].detach().to(p.device).clone(),
-                    }
+                    moments = {k: st[k].detach().to(p.device) for k in ("exp_avg", "exp_avg_sq")}
+                    if copy:
+                        moments = {k: v.clone() for k, v in moments.items()}
+                    opt.state[p] = {"step": int(step.item()) if sparse else step, **moments}
 
     def named_from_state_dict(self, state: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
         """A `state_dict()` of a single-process Optimizer over the same parameter names, in `named_state` form."""

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from plelab.data.loader import BatchLoader
+from plelab.errors import PlelabError
 from plelab.model.transformer import LanguageModel
 from plelab.runs import run_dir as rd
 from plelab.runs.checkpoint import (
@@ -41,6 +42,7 @@ from plelab.training.callbacks import Callback, TrainingStopped, unique_names
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.training.data_access import TrainingData
 from plelab.training.distribution import Distribution, PeerLost, SingleProcess
+from plelab.training.initial_weights import weight_source
 from plelab.training.optim import Optimizer, grad_norm_and_clip, lr_at, model_config_for
 from plelab.training.standard_callbacks import existing_checkpoints, timeline_steps
 from plelab.util.device import autocast_context, choose_precision, fused_adamw, pick_device
@@ -110,6 +112,7 @@ class Trainer:
         overwrite: bool = False,
         distribution: Distribution | None = None,
     ):
+        cfg = self.with_init_model(cfg, resume)
         self.config = cfg
         self.run_dir = check_output_path(run_dir, is_dir=True, overwrite=True)
         self.distribution = distribution if distribution is not None else SingleProcess(cfg, pick_device(cfg.device))
@@ -140,10 +143,14 @@ class Trainer:
                 self.log_line(f"removed {len(removed)} leftover(s) of an interrupted run: "
                               + ", ".join(p.name for p in removed))
             self.data = self.build_data(cfg)
+            # (checkpoint, config changes) to continue from; None: training starts from the initial weights.
+            found = self._find_resume_point() if resume else None
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
             self.model = self.build_model(cfg)
+            if found is None and cfg.init_from_hf:
+                self.load_initial_weights(cfg.init_from_hf)
             # The module a step calls: the model itself, or DDP / FSDP2 over it with the PLE table sharded.
             self.train_model = self.distribution.wrap(self.model, bf16=self.precision.name == "bf16")
             self.optimizer = Optimizer(self.model, cfg, fused=fused_adamw(self.device))
@@ -151,9 +158,9 @@ class Trainer:
                 self.model.compile()  # in place: parameter names (checkpoints) unchanged
             self.params = [p for p in self.model.parameters() if p.requires_grad]
             self.aux_modules = aux_loss_modules(self.model)
-            if resume:
-                self._resume()
-            else:
+            if found is not None:
+                self._resume(*found)
+            elif not resume:
                 self.distribution.on_main(lambda: self._start_fresh(overwrite))
         except BaseException:
             self.close()
@@ -170,8 +177,30 @@ class Trainer:
 
     def build_model(self, cfg: TrainConfig) -> torch.nn.Module:
         """The model, initialised from the global RNG just seeded; `forward(inputs, targets, return_logits=False)`
-        must return (_, loss). A subclass returns its own."""
-        return LanguageModel(model_config_for(cfg), device=self.device)
+        must return (_, loss). A subclass returns its own.
+
+        Built on the meta device and then given real weights by the distribution's `materialize`: on several
+        ranks each holds only its rows of the PLE table, drawn as one process draws them (never the whole table)."""
+        with torch.device("meta"):
+            skeleton = LanguageModel(model_config_for(cfg), device=self.device)
+        return self.distribution.materialize(skeleton)
+
+    @staticmethod
+    def with_init_model(cfg: TrainConfig, resume: bool = False) -> TrainConfig:
+        """cfg with [model] read from the init_from_hf folder (its weights' names and shapes checked), when set.
+
+        On resume a folder that is gone is left alone: the checkpoint has the weights and config.json the model
+        (should there be no checkpoint yet, `load_initial_weights` says so)."""
+        if not cfg.init_from_hf or (resume and not Path(cfg.init_from_hf).exists()):
+            return cfg
+        return dataclasses.replace(cfg, model=weight_source("hf").model_config(cfg.init_from_hf, cfg.model))
+
+    def load_initial_weights(self, folder: str) -> None:
+        """The init_from_hf folder's weights into the model just built (this rank's rows of a sharded table)."""
+        if not Path(folder).is_dir():
+            raise PlelabError(f"init_from_hf = {folder}: no such folder, and the run has no checkpoint yet to "
+                              "continue from")
+        weight_source("hf").load_weights(self.model, folder)
 
     def close(self) -> None:
         """Release the run directory (done by `run()`; call it when a Trainer is built but not run)."""
@@ -192,12 +221,13 @@ class Trainer:
         rd.record_config(self.run_dir, config, 0, {})
         self.metrics_path.write_text("")
 
-    def _resume(self) -> None:
+    def _find_resume_point(self) -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0's `_resume_point`, on every rank."""
         config = train_config_dict(self.config)
-        found = self.distribution.broadcast(self.distribution.on_main(lambda: self._resume_point(config)))
-        if found is None:
-            return
-        ckpt, changes = found
+        return self.distribution.broadcast(self.distribution.on_main(lambda: self._resume_point(config)))
+
+    def _resume(self, ckpt: Path, changes: dict[str, Any]) -> None:
+        config = train_config_dict(self.config)
         self.load_state_dict(self.distribution.load(ckpt, self.model, self.optimizer))
         self.distribution.on_main(lambda: self._record_resume(ckpt, config, changes))
 
@@ -355,8 +385,7 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         self.optimizer.set_lr(lr)
         self.model.train()
-        total = 0.0
-        aux_totals: dict[str, float] = {}
+        parts: dict[str, list[torch.Tensor]] = {"loss": []}  # per micro-batch, on the device until the step ends
         for i in range(cfg.grad_accum):
             x, y = self.data.next_batch()
             with self.distribution.grad_sync(last=i == cfg.grad_accum - 1):
@@ -365,10 +394,13 @@ class Trainer:
                     aux = auxiliary_losses(self.aux_modules)
                 objective = loss + sum(aux.values()) if aux else loss
                 (objective / cfg.grad_accum).backward()
-            total += float(loss.detach()) / cfg.grad_accum
-            for name, value in aux.items():
-                aux_totals[name] = aux_totals.get(name, 0.0) + float(value.detach()) / cfg.grad_accum
-        total = self.distribution.mean(total)
+            for name, value in {"loss": loss, **aux}.items():
+                parts.setdefault(name, []).append(value.detach())
+        # One device-to-host copy per step, not one per micro-batch; summed in the same order and precision as ever.
+        sums = {name: sum(v / cfg.grad_accum for v in torch.stack(values).float().tolist())
+                for name, values in parts.items()}
+        total = self.distribution.mean(sums.pop("loss"))
+        aux_totals = sums
         # "loss" stays the language-model loss (comparable across variants); auxiliary terms are logged apart.
         metrics: dict[str, Any] = {"step": self.step + 1, "loss": total, "lr": lr, "dtype": self.precision.name}
         metrics.update({name: self.distribution.mean(v) for name, v in aux_totals.items()})
@@ -406,9 +438,10 @@ class Trainer:
         try:
             self.log_line(f"precision: {self.precision}")
             if self.world.distributed:
-                self.log_line(f"{self.world.size} ranks, parallel = {cfg.parallel}: PLE table split by vocabulary, "
-                              f"{cfg.batch_size // self.world.size} of each step's {cfg.batch_size} sequences per rank")
-            elif cfg.parallel != "none":
+                self.log_line(f"{self.world.size} ranks, parallel = {self.distribution.mode}: PLE table split by "
+                              f"vocabulary, {cfg.batch_size // self.world.size} of each step's {cfg.batch_size} "
+                              "sequences per rank")
+            elif cfg.parallel not in ("none", "auto"):
                 self.log_line(f"parallel = {cfg.parallel} but not started by torchrun: training in one process")
             self.dispatch("on_train_start")
             while self.step < cfg.max_steps:

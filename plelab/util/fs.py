@@ -98,6 +98,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def resolve_path(path: str | Path) -> Path:
+    """Path(path).resolve(), with a loop of symbolic links a PlelabError (one line) instead of a RuntimeError."""
+    from plelab.errors import PlelabError
+
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # Python < 3.13 raises RuntimeError("Symlink loop ..."), later ones OSError
+        raise PlelabError(f"{path} is a loop of symbolic links; give a real file or folder") from None
+
+
 def check_output_path(
     path: str | Path, *, overwrite: bool = False, inputs: tuple[str | Path, ...] = (), is_dir: bool = False
 ) -> Path:
@@ -112,7 +122,7 @@ def check_output_path(
     path = Path(path)
     if path.is_symlink() and not path.exists():
         raise PlelabError(f"output {path} is a dangling symbolic link")
-    resolved = path.resolve()
+    resolved = resolve_path(path)
     for item in inputs:
         if item is not None and _same_file(Path(item), path, resolved):
             raise PlelabError(f"output {path} is also an input of this command; choose another output path")
@@ -135,7 +145,7 @@ def check_output_path(
 
 def _same_file(item: Path, path: Path, resolved: Path) -> bool:
     """Whether `path` names the input `item` (same resolved path, or the same file by another name)."""
-    if item.resolve() == resolved:
+    if resolve_path(item) == resolved:
         return True
     try:
         return os.path.samefile(item, path)  # hard links, case-insensitive file systems

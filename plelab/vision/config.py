@@ -16,6 +16,12 @@ if TYPE_CHECKING:
     from plelab.training.config import TrainConfig
 
 
+MAX_CODEBOOK = 1 << 16
+"""The largest codebook K (patch ids) the lab takes: every visual tokenizer, the codebook statistics and the visual
+table grow with K, and 65,536 ids already far exceed what an image set here can fill (MNIST's 60,000 training
+images hold 960,000 patches of 7x7, ~15 per id at this K)."""
+
+
 @dataclass
 class VisionConfig:
     """Train `plelab.vision.model.VisionPLEModel` on a prepared image + caption corpus."""
@@ -41,8 +47,8 @@ class VisionConfig:
             raise ConfigError(f"vision.ple_dim must be >= 0 (0 = no visual PLE), got {self.ple_dim}")
         if not self.aux_weight >= 0:
             raise ConfigError(f"vision.aux_weight must be >= 0 (0 = off), got {self.aux_weight}")
-        if self.codebook is not None and self.codebook < 2:
-            raise ConfigError(f"vision.codebook must be >= 2 (or unset), got {self.codebook}")
+        if self.codebook is not None and not 2 <= self.codebook <= MAX_CODEBOOK:
+            raise ConfigError(f"vision.codebook must be in 2..{MAX_CODEBOOK} (or unset), got {self.codebook}")
         for name in ("patches", "patch_size"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"vision.{name} must be > 0 (or unset), got {getattr(self, name)}")
@@ -67,6 +73,9 @@ def check_vision_run(cfg: TrainConfig) -> None:
     if cfg.model.ple.vocab_size is not None:
         raise ConfigError("model.ple.vocab_size: the visual table has one row per patch id (the corpus's K); "
                           "leave it unset (vision.codebook checks K)")
+    if cfg.init_from_hf:
+        raise ConfigError("init_from_hf starts a Gemma 4 text model from its weights; a vision run builds its own "
+                          "model from the corpus: leave it empty")
     if cfg.diagnostics_every:
         raise ConfigError("diagnostics_every: the PLE monitor reads the text table, which a vision run does not "
                           "have; set it to 0 and run the visual-table diagnostics on the checkpoint")

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from plelab.errors import PlelabError
-from plelab.util.fs import atomic_writer, check_output_path, sha256_file
+from plelab.util.fs import atomic_writer, check_output_path, resolve_path, sha256_file
+from plelab.vision.config import MAX_CODEBOOK
 
 FORMAT = "plelab-vision-corpus"
 VERSION = 1
@@ -74,7 +75,7 @@ def pad_rows(rows: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray
 def _check_output(out: Path, images_path: str | Path, overwrite: bool) -> None:
     """Refuse, before any work, an output that would lose data (`staging_dir` checks again when writing)."""
     check_output_path(out, overwrite=True, inputs=(images_path,), is_dir=True)
-    if Path(images_path).resolve().is_relative_to(out.resolve()):
+    if resolve_path(images_path).is_relative_to(resolve_path(out)):
         raise CorpusError(f"the images {images_path} lie inside the output folder {out}; choose another --out")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
@@ -130,8 +131,9 @@ def prepare_corpus(images_path: str | Path, tokenizer_kind: str, codebook: int, 
     from plelab.vision.images import load_images
     from plelab.vision.patches import patch_grid, patchify
 
-    if codebook < 2:
-        raise CorpusError(f"codebook size must be >= 2, got {codebook}")
+    if not 2 <= codebook <= MAX_CODEBOOK:
+        raise CorpusError(f"codebook size must be in 2..{MAX_CODEBOOK}, got {codebook} (every visual tokenizer and "
+                          "the codebook statistics grow with it)")
     out = Path(out)
     _check_output(out, images_path, overwrite)
     image_set = load_images(images_path)

@@ -17,6 +17,7 @@ import torch
 
 from plelab.errors import PlelabError
 from plelab.model.config import ModelConfig
+from plelab.model.transformer import check_token_ids
 from plelab.util.dataclass_config import ConfigError
 from plelab.vision.config import VisionConfig
 from plelab.vision.model import VisionBatch, caption_targets
@@ -68,6 +69,20 @@ def check_corpus(facts: dict[str, Any], vision: VisionConfig, model: ModelConfig
     if length > model.max_seq_len:
         raise ConfigError(f"model.max_seq_len = {model.max_seq_len} is below a sequence of {facts['patches']} "
                           f"patches + {facts['caption_len']} caption tokens ({length})")
+
+
+def corpus_fingerprint(split: CorpusSplit) -> str:
+    """sha256 identifying a corpus: of its files' checksums (its manifest) when it has them, else of its arrays."""
+    import hashlib
+    import json
+
+    files = split.manifest.get("files")
+    if files:
+        return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    h = hashlib.sha256()
+    for array in (split.pixels, split.patch_ids, split.captions, split.caption_lengths):
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()
 
 
 class ImageSampler:
@@ -145,6 +160,9 @@ class VisionData:
             if top >= self.facts["codebook"] or int(np.min(split.patch_ids, initial=0)) < 0:
                 raise PlelabError(f"vision corpus {vision.corpus}: patch ids outside [0, {self.facts['codebook']}) "
                                   "(corrupt corpus; prepare it again)")
+            check_token_ids(split.captions, cfg.model.vocab_size)  # once here: the model's forward does not check
+        self.corpus = vision.corpus
+        self.fingerprint = corpus_fingerprint(train)
         tok = self.facts["tokenizer"]
         self.tokenizer_path = Path(vision.corpus) / tok if tok else None
         self.train = SplitTensors(train, device, self.facts["bos_id"])
@@ -162,9 +180,15 @@ class VisionData:
             yield self.heldout.batch(slice(start, start + batch_size))
 
     def state_dict(self) -> dict[str, Any]:
-        """Sampler position."""
-        return self.sampler.state_dict()
+        """Sampler position, and the identity of the corpus it is a position in."""
+        return {**self.sampler.state_dict(), "corpus_fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the sampler position."""
-        self.sampler.load_state_dict(state)
+        """Restore the sampler position; a checkpoint made on another corpus (one replaced in the same folder) is
+        refused, as text runs refuse other data."""
+        saved = state.get("corpus_fingerprint")  # absent in checkpoints written before it was recorded
+        if saved is not None and saved != self.fingerprint:
+            raise PlelabError(f"cannot resume: the vision corpus {self.corpus} is not the one this run trained on "
+                              "(its files changed since the checkpoint); put the run's corpus back or start a new "
+                              "run")
+        self.sampler.load_state_dict({k: v for k, v in state.items() if k != "corpus_fingerprint"})

@@ -279,13 +279,45 @@ def initial_table(model: VisionPLEModel, meta: dict[str, Any]) -> tuple[torch.Te
     return (None, "no visual PLE") if table is None else (table.detach(), "rebuilt from the run's seed")
 
 
-def heldout_batches(corpus: str | Path, batch_size: int = 100, device: str = "cpu") -> Batches:
-    """The held-out split of a prepared corpus as (VisionBatch, targets) batches, in order."""
+def heldout_batches(corpus: str | Path, batch_size: int = 100, device: str = "cpu",
+                    model: VisionPLEModel | None = None, checkpoint: Path | None = None) -> Batches:
+    """The held-out split of a prepared corpus as (VisionBatch, targets) batches, in order; with `model` (and the
+    `checkpoint` it came from), a corpus the model was not trained on is refused first (`check_corpus_fits`)."""
     from plelab.vision.data import HELDOUT_SPLIT, SplitTensors, corpus_facts, open_corpus
 
     split = open_corpus(corpus, HELDOUT_SPLIT)
-    tensors = SplitTensors(split, torch.device(device), corpus_facts(split)["bos_id"])
+    facts = corpus_facts(split)
+    if model is not None:
+        check_corpus_fits(model, facts, corpus, checkpoint)
+    tensors = SplitTensors(split, torch.device(device), facts["bos_id"])
     return [tensors.batch(slice(s, s + batch_size)) for s in range(0, len(tensors), batch_size)]
+
+
+def check_corpus_fits(model: VisionPLEModel, facts: dict[str, Any], corpus: str | Path,
+                      checkpoint: Path | None = None) -> None:
+    """PlelabError (one line) unless `corpus` is one the model can be measured on: its codebook, its patches
+    (number and size) and its caption tokenizer those of the corpus the model trained on. Another corpus would
+    either fail inside the model or, worse, yield a verdict about ids and captions the model never saw."""
+    from plelab.errors import PlelabError
+    from plelab.util.fs import sha256_file
+
+    where = f"corpus {corpus}"
+    if facts["codebook"] != model.codebook:
+        raise PlelabError(f"{where} has a codebook of {facts['codebook']} patch ids; the run's model was trained on "
+                          f"{model.codebook}: give the corpus it trained on")
+    if (facts["patches"], facts["patch_pixels"]) != (model.patches, model.patch_embed.in_features):
+        raise PlelabError(f"{where} cuts images into {facts['patches']} patch(es) of {facts['patch_pixels']} pixels; "
+                          f"the run's model reads {model.patches} patch(es) of {model.patch_embed.in_features}: "
+                          "give the corpus it trained on")
+    if facts["caption_vocab"] > model.config.vocab_size:
+        raise PlelabError(f"{where} has a caption tokenizer of {facts['caption_vocab']} ids, more than the run's "
+                          f"model knows ({model.config.vocab_size}): give the corpus it trained on")
+    theirs = Path(corpus) / facts["tokenizer"] if facts.get("tokenizer") else None
+    ours = checkpoint / "tokenizer.json" if checkpoint is not None else None
+    if theirs is not None and ours is not None and theirs.is_file() and ours.is_file() \
+            and sha256_file(theirs) != sha256_file(ours):
+        raise PlelabError(f"{where} has another caption tokenizer than the run trained with ({ours}): its caption "
+                          "ids mean other words; give the corpus it trained on")
 
 
 def diagnose_run(path: str | Path, corpus: str | Path | None = None, batch_size: int = 100,
@@ -295,10 +327,12 @@ def diagnose_run(path: str | Path, corpus: str | Path | None = None, batch_size:
     from plelab.vision.train import load_vision_model
 
     model, meta = load_vision_model(path, "cpu")
+    ckpt = resolve_checkpoint(path)
     corpus = corpus or ((meta.get("train") or {}).get("vision") or {}).get("corpus")
+    batches = heldout_batches(corpus, batch_size, model=model, checkpoint=ckpt)
     init, note = initial_table(model, meta)
-    out = diagnose_vision_model(model, heldout_batches(corpus, batch_size), init, note, seed)
-    return {"checkpoint": str(resolve_checkpoint(path)), "corpus": str(corpus), **out}
+    out = diagnose_vision_model(model, batches, init, note, seed)
+    return {"checkpoint": str(ckpt), "corpus": str(corpus), **out}
 
 
 def format_diagnosis(result: dict[str, Any]) -> str:

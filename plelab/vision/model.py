@@ -108,7 +108,6 @@ class VisionPLEModel(nn.Module):
 
     def hidden_states(self, batch: VisionBatch) -> Tensor:
         """Final normed hidden states (B, P + T, H) of the patches followed by the caption."""
-        self.trunk.check_ids(batch.captions)
         patches = self.patch_embed(batch.pixels) + self.patch_pos
         x = torch.cat([patches, self.trunk.embed(batch.captions)], dim=1)
         ple = None

@@ -62,3 +62,21 @@ def test_a_request_that_fits_says_nothing(run_and_ple, capsys):
     run, _ = run_and_ple
     assert main(["generate", str(run), "--prompt", "hi", "--max-new-tokens", "3", "--device", "cpu"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_prompt_of_invalid_utf8_is_one_line_in_generate_and_both_run_engines(run_and_ple, capsys):
+    """`--prompt $'caf\xe9'`: Python hands such argv bytes over as lone surrogates ("caf\udce9"); the real process
+    is checked too, for `run` (which starts without torch)."""
+    import subprocess
+    import sys
+
+    run, ple = run_and_ple
+    for argv in (["generate", str(run), "--device", "cpu"], ["run", str(ple)], ["run", str(ple), "--engine", "c"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--prompt", "caf\udce9", "--max-new-tokens", "2"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "--prompt" in err and "UTF-8" in err and "0xe9" in err, err
+    proc = subprocess.run([sys.executable, "-m", "plelab", "run", str(ple), "--prompt", b"caf\xe9"],
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1 and b"UTF-8" in proc.stderr, proc.stderr

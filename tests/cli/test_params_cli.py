@@ -75,6 +75,21 @@ def test_match_ffn_json_and_text(capsys):
     assert "solved width" in out and "ffn.rank = " in out and "reference value" in out
 
 
+@pytest.mark.parametrize(("kind", "field"), [("lowrank", "rank"), ("pruned", "prune_to")])
+def test_match_ffn_solves_the_width_it_is_not_given(capsys, kind, field):
+    """The free width (rank, prune_to) is what --match-ffn solves: it must not be asked for first."""
+    extra = ["--set", "ffn.intermediate_size=256"] if kind == "pruned" else []
+    rc, out, err = run_cli(capsys, "params", "tiny", "--set", f"ffn.kind={kind}", *extra, "--match-ffn", "params",
+                           "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["field"] == f"ffn.{field}" and data["width"] >= 1
+    assert data["value"] <= data["reference_value"]
+    given = run_cli(capsys, "params", "tiny", "--set", f"ffn.kind={kind}", *extra, "--set", f"ffn.{field}=3",
+                    "--match-ffn", "params", "--json")[1]
+    assert json.loads(given)["width"] == data["width"]  # a width given is only the search's start
+
+
 def test_budget_no_width_meets_is_one_line_exit_2(capsys):
     rc, _, err = run_cli(capsys, "params", "tiny", "--set", "ffn.kind=moe", "--match-ffn", "params",
                          "--reference-set", "ffn.intermediate_size=1")

@@ -59,6 +59,8 @@ def test_a_training_config_file_works(tmp_path, capsys):
     (["--micro-batch", "3"], "--micro-batch 3 must divide"),
     (["--gpu-memory", "80XB"], "not a memory size"),
     (["--gpu-memory", "0GB"], "at least 1 MiB"),
+    (["--gpu-memory", "-80GB"], "must be a positive memory size"),  # not argparse's "expected one argument"
+    (["--overhead-gb", "-2"], "--overhead-gb"),
     (["--mfu", "1.5"], "--mfu"),
     (["--tokens", "-1"], "--tokens"),
 ])

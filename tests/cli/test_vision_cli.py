@@ -114,11 +114,15 @@ def bad_files(folder: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     p = folder / "photo.png"
     p.write_bytes(b"\x89PNG\r\n\x1a\n but not really")
     made["corrupt picture"] = (p, ("not a readable image",))
+    p = folder / "loop"
+    p.symlink_to(folder / "loop-back")
+    (folder / "loop-back").symlink_to(p)
+    made["symlink loop"] = (p, ("symbolic link",))
     return made
 
 
 @pytest.mark.parametrize("case", ["wrong dtype", "wrong shape", "empty file", "corrupt gzip", "truncated idx",
-                                  "corrupt picture"])
+                                  "corrupt picture", "symlink loop"])
 def test_bad_images_are_one_line_exit_2(case, tmp_path, capsys):
     path, words = bad_files(tmp_path)[case]
     assert_one_line_error(prepare_argv(path, tmp_path / "out"), capsys, str(path.name), *words)
@@ -127,7 +131,8 @@ def test_bad_images_are_one_line_exit_2(case, tmp_path, capsys):
 
 @pytest.mark.parametrize(("flags", "words"), [
     (["--tokenizer", "sift"], ("--tokenizer", "invalid choice")),
-    (["--codebook", "1"], ("--codebook", ">= 2")),
+    (["--codebook", "1"], ("--codebook", "[2, 65536]")),
+    (["--codebook", "100000000"], ("--codebook", "[2, 65536]", "100000000")),
     (["--patch-size", "5"], ("28x28", "5x5")),
     (["--heldout", "40"], ("--heldout",)),
 ])

@@ -131,6 +131,23 @@ def test_vocab_mismatch_and_damage_are_clear_errors(dataset_dir, tmp_path):
         TokenDataset(copy, "val")
 
 
+def test_a_token_id_beyond_the_vocabulary_is_caught_where_the_batch_is_made(dataset_dir, tmp_path):
+    """The model's forward does not check ids (no host sync per step): the loader does, on the host."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(dataset_dir, damaged)
+    ds = TokenDataset(damaged, "train", vocab_size=258)
+    shard = damaged / ds.manifest["splits"]["train"]["shards"][0]["file"]
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    tokens[:] = 300  # same size, so only the content says it is damaged (the manifest still says max 255)
+    tokens.tofile(shard)
+    loader = BatchLoader(TokenDataset(damaged, "train", vocab_size=258), batch_size=64, seq_len=32, seed=0)
+    with pytest.raises(DataError, match=r"token id 300, outside \[0, 258\).*damaged"):
+        for _ in range(loader.batches_per_epoch):
+            loader.next_batch()
+
+
 def test_eval_batches_cover_every_target_once():
     tokens = np.arange(1, 104, dtype=np.uint16)  # 103 tokens -> 102 targets
     xs, ys = zip(*eval_batches(tokens, seq_len=10, batch_size=4), strict=True)

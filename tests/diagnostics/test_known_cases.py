@@ -64,3 +64,14 @@ def test_overall_from_proxies():
     assert overall_verdict(["dead", "dead"], None)["verdict"] == "dead"
     assert overall_verdict(["dead", "weak"], None)["verdict"] == "weak"
     assert overall_verdict([], None)["verdict"] == "n/a"
+
+
+def test_batches_with_ids_beyond_the_vocabulary_are_a_clear_error(make_model):
+    import torch
+
+    from plelab.model.transformer import TokenIdError
+
+    model = make_model()
+    x = torch.full((2, 8), model.config.vocab_size)
+    with pytest.raises(TokenIdError, match="token ids must lie in"):
+        diagnose_model(model, [(x, x)])

@@ -147,7 +147,7 @@ def test_no_verify_table_skips_only_the_row_tables(plerun, export_tmp, tmp_path)
 
 def test_bad_input_is_one_line_and_exit_2(plerun, export_tmp, tmp_path):
     path = export_tmp(lively_model(), quant="int4", group=32)
-    assert "token id 256 is out of range [0, 256)" in c_error(plerun, path, "--ids", "1,256")
+    assert "token ids must lie in [0, 256); got [256, -3]" in c_error(plerun, path, "--ids", "1,256,-3")
     long_prompt = ",".join(["1"] * 257)
     assert "longer than the model's context of 256" in c_error(plerun, path, "--ids", long_prompt)
     assert "exceeds the model's context" in c_error(plerun, path, "--ids", "1", "--steps", "300")
@@ -222,9 +222,12 @@ def test_plelab_run_engine_c_gives_the_numpy_engines_greedy_ids(export_tmp, caps
         results[engine] = json.loads(capsys.readouterr().out)
     assert results["c"]["generated_ids"] == results["numpy"]["generated_ids"]
     assert len(results["c"]["generated_ids"]) == 12
-    assert main(["run", path, "--ids", "1,999", "--engine", "c"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "token id 999 is out of range" in err and "\n" not in err
+    errors = {}
+    for engine in ("numpy", "c"):  # one message for an id outside the vocabulary, whichever engine
+        assert main(["run", path, "--ids", "1,999,1000", "--engine", engine]) == 2
+        errors[engine] = capsys.readouterr().err.strip()
+    assert errors["c"] == errors["numpy"] and "token ids must lie in [0, 256); got [999, 1000]" in errors["c"]
+    assert "\n" not in errors["c"]
 
 
 def test_esp_idf_storage_compiles_against_the_stub_header():

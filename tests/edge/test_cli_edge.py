@@ -303,3 +303,27 @@ def test_plelab_run_never_imports_torch(small):
             "print(rc, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "0 False", out.stderr
+
+
+def test_an_absurd_align_is_one_line_not_a_memory_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["export", "tiny", "--out", str(tmp_path / "a.ple"), "--align", "1000000000"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.count("\n") == 0 and "--align" in err and "65536" in err, err
+    assert not (tmp_path / "a.ple").exists()
+    from plelab.errors import PlelabError
+
+    with pytest.raises(PlelabError, match="65536"):  # the library refuses it too
+        export_model(lively_model(), tmp_path / "b.ple", ExportOptions(quant="int8", align=10**9))
+
+
+def test_running_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    """A simulation: the MemoryError numpy raises (its own words) is injected where the export starts, since a real
+    one would need a test to exhaust the machine's memory."""
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array with shape (1000000000000,) and data type int64")
+
+    monkeypatch.setattr("plelab.edge.export.export_source", exhausted)
+    err = one_line_error(capsys, "export", "tiny", "--out", str(tmp_path / "a.ple"))
+    assert "out of memory" in err and "7.28 TiB" in err

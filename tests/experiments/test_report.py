@@ -66,3 +66,30 @@ def test_report_never_writes_over_the_sweeps_own_files(finished_sweep, capsys):
     assert db.read_bytes() == before
     for _ in range(2):  # the sweep folder's own report is simply regenerated
         assert main(["report", str(finished_sweep)]) == 0
+
+
+def test_report_reads_a_read_only_sweep_folder_and_never_advises_moving_its_database(finished_sweep, tmp_path,
+                                                                                      capsys):
+    """A real read-only folder: a copy of the sweep on a tmpfs remounted read-only (root only; skipped elsewhere:
+    root ignores a folder's permission bits)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(ro)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        shutil.copytree(finished_sweep, ro / "sweep")
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        capsys.readouterr()
+        assert main(["report", str(ro / "sweep"), "--out", str(tmp_path / "out")]) == 0
+        assert (tmp_path / "out" / "report.md").is_file()
+        assert main(["report", str(ro / "sweep"), "--json"]) in (0, 2)  # writes into the sweep folder: refused
+        err = capsys.readouterr().err
+        assert "move it aside" not in err and "not a readable sweep database" not in err, err
+        assert main(["sweep", str(ro / "sweep" / "sweep.json"), "--status"]) == 0, capsys.readouterr().err
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)

@@ -10,10 +10,11 @@ from sweep_helpers import write_sweep
 
 from plelab.cli.main import main
 from plelab.errors import PlelabError
-from plelab.experiments.sweep import load_sweep
-from plelab.experiments.sweep_runner import RESULT_FILE, execute_point, prepare, run_sweep
+from plelab.experiments.sweep import config_hash, load_sweep
+from plelab.experiments.sweep_runner import RESULT_FILE, changed_fields, execute_point, prepare, run_sweep
 from plelab.experiments.sweep_store import SweepStore
 from plelab.training.callbacks import Callback
+from plelab.training.config import TrainConfig, train_config_dict
 
 QUIET = dict(quiet=True, say=lambda _: None)
 FAST = dict(max_steps=4, ckpt_every=2, log_every=2, diagnostics_every=0)
@@ -109,3 +110,16 @@ def test_a_field_added_after_the_run_started_counts_only_when_set_off_its_defaul
         "model.kernels"]
     assert config_diff(old, {"lr": 2e-3, "model": {"hidden_size": 64, "kernels": "auto"}}) == [
         "lr", "model.kernels"]  # without defaults every new key counts
+
+
+def test_the_parallel_auto_default_keeps_old_hashes_and_old_runs_unchanged(tiny_data):
+    """parallel's default went from "none" to "auto": in one process (where sweeps train) they are the same run."""
+    auto, former = train_config_dict(TrainConfig()), train_config_dict(TrainConfig(parallel="none"))
+    assert auto["parallel"] == "auto" and config_hash(auto) == config_hash(former)
+    assert config_hash(train_config_dict(TrainConfig(parallel="ddp"))) != config_hash(former)
+    sweep = load_sweep(write_sweep(tiny_data, "seed = [1]", **FAST))
+    (point,) = sweep.points
+    old_row = {"status": "done", "config": {**point.config_dict(), "parallel": "none"}}
+    assert changed_fields(point, sweep.run_dir(point), old_row) == []
+    assert changed_fields(point, sweep.run_dir(point), {**old_row, "config": {**old_row["config"], "lr": 1.0}}) \
+        == ["lr"]

@@ -125,6 +125,26 @@ def test_subprocess_runs_in_parallel_and_a_failing_run_is_recorded_not_fatal(tin
     assert "failed" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("options", ["", "subprocess = true"])
+def test_a_failed_run_prints_its_reason_and_a_retry_that_succeeds_removes_its_error_file(tiny_data, options,
+                                                                                           capsys):
+    import shutil
+
+    later = tiny_data / "later"
+    path = write_sweep(tiny_data, "seed = [1]", options=options, data=str(later), eval_data="", diagnostics_every=0,
+                       max_steps=2)
+    assert main(["sweep", str(path), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "seed=1: failed" in x)
+    assert str(later) in line and "error.txt" in line, out  # the reason, not just "failed"
+    run_dir = load_sweep(path).folder / "runs" / "seed=1"
+    assert (run_dir / "error.txt").is_file()
+    shutil.copytree(tiny_data / "data", later)
+    assert main(["sweep", str(path), "--quiet"]) == 0
+    assert "seed=1: done" in capsys.readouterr().out
+    assert not (run_dir / "error.txt").exists()  # no stale traceback beside a finished run
+
+
 def test_a_second_sweep_process_on_the_same_folder_is_refused(finished_sweep):
     sweep = load_sweep(finished_sweep.parent / "sweep.toml")
     with sweep_lock(sweep.folder), pytest.raises(SweepLocked, match="is running"):

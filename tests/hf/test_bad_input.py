@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from plelab.cli.main import main
-from plelab.hf.safetensors import gather_rows, read_header, read_rows, read_tensor
+from plelab.util.safetensors import gather_rows, read_header, read_rows, read_tensor
 
 COMMANDS = {
     "diagnose": lambda folder, tmp: ["diagnose", "--hf", str(folder)],
@@ -91,6 +91,16 @@ def test_not_a_model_folder_and_truncated_shard(copy, tmp_path, capsys, command)
     data = (folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
     assert "truncated" in one_line_error(COMMANDS[command](folder, tmp_path), capsys)
+
+
+@pytest.mark.parametrize("broken", [b'{"version": "1.0", "model": {"type": "BPE"', b'{"not": "a tokenizer"}'])
+def test_a_broken_tokenizer_json_is_refused_by_name_before_it_is_embedded(copy, tmp_path, capsys, broken):
+    folder = copy("gemma4")
+    (folder / "tokenizer.json").write_bytes(broken)
+    out = tmp_path / "x.ple"
+    err = one_line_error(["export", "--hf", str(folder), "--out", str(out)], capsys)
+    assert str(folder / "tokenizer.json") in err and "--no-tokenizer" in err and not out.exists()
+    assert main(["export", "--hf", str(folder), "--out", str(out), "--no-tokenizer"]) == 0
 
 
 def test_either_source_or_hf(make_gemma, tmp_path, capsys):

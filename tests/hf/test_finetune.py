@@ -21,7 +21,7 @@ from finetune_helpers import (
 
 from plelab.cli.main import main
 from plelab.hf.checkpoint import HFCheckpoint
-from plelab.hf.safetensors import read_header, read_rows
+from plelab.util.safetensors import read_header, read_rows
 
 pytest.importorskip("peft")
 

@@ -11,7 +11,7 @@ import pytest
 from plelab.cli.main import main
 from plelab.edge.format import PleFile
 from plelab.hf.checkpoint import HFCheckpoint
-from plelab.hf.safetensors import read_rows
+from plelab.util.safetensors import read_rows
 
 
 def export(folder, out, *flags) -> None:
@@ -37,7 +37,7 @@ def test_fp32_export_holds_the_exact_table_and_embedding(make_gemma, tmp_path, c
 
 def test_int4_export_is_close_and_streams_in_chunks(make_gemma, tmp_path, monkeypatch):
     import plelab.edge.export as ex
-    import plelab.hf.safetensors as st
+    import plelab.util.safetensors as st
 
     calls = []
     original = st.read_rows
@@ -67,6 +67,27 @@ def test_plan_of_an_exported_table_and_runtime_refusal(make_gemma, tmp_path, cap
     assert main(["run", str(path), "--ids", "1,2,3"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "table-only export" in err
+
+
+def test_the_c_engine_refuses_a_table_only_file_in_the_numpy_engines_words(make_gemma, tmp_path, capsys):
+    import subprocess
+
+    from plelab.edge import c_engine
+
+    try:
+        plerun = c_engine.build(cflags="-O2")
+    except c_engine.CEngineError as exc:
+        pytest.skip(str(exc))
+    path = tmp_path / "m.ple"
+    export(make_gemma("gemma4"), path, "--quant", "int4", "--group", "8")
+    capsys.readouterr()
+    errors = {}
+    for engine in ("numpy", "c"):
+        assert main(["run", str(path), "--ids", "1,2,3", "--engine", engine]) == 2
+        errors[engine] = capsys.readouterr().err.strip()
+    assert errors["c"] == errors["numpy"] and "table-only export" in errors["c"]
+    proc = subprocess.run([str(plerun), str(path), "--ids", "1"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "table-only export" in proc.stderr and "name table" not in proc.stderr
 
 
 def _gemma3n_config(**published) -> dict:

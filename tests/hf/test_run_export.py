@@ -9,6 +9,7 @@ moved by two small steps. Bad inputs each end in one line and exit status 2 befo
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -87,13 +88,50 @@ def test_export_loads_as_gemma4_with_same_logits_and_greedy_text(setup, capsys):
 
 def test_export_refuses_existing_folder_without_overwrite(setup, capsys):
     out = setup / "hf-again"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    assert main(["export-hf", str(setup / "run"), str(out), "--transformers-only"]) == 0
+    (out / "model.safetensors").write_bytes(b"an older export")
     assert "--overwrite" in one_line_error(capsys, ["export-hf", str(setup / "run"), str(out)])
-    assert (out / "keep.txt").read_text() == "mine"
+    assert (out / "model.safetensors").read_bytes() == b"an older export"
     assert main(["export-hf", str(setup / "run"), str(out), "--overwrite", "--transformers-only"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").read_bytes() != b"an older export"  # an export replaces an export
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".hf-again")]  # no temp folder left
+
+
+def test_export_overwrite_never_deletes_the_run_or_the_users_files(setup, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    run = runs / "a"
+    shutil.copytree(setup / "run", run)
+    before = sorted(p.relative_to(runs) for p in runs.rglob("*"))
+    err = one_line_error(capsys, ["export-hf", str(run), str(runs), "--overwrite"])  # OUT holds the run
+    assert "inside the output folder" in err
+    err = one_line_error(capsys, ["export-hf", str(run), str(run / "checkpoints"), "--overwrite"])  # OUT in the run
+    assert "inside the run" in err
+    ckpt = next((run / "checkpoints").glob("step_*"))
+    err = one_line_error(capsys, ["export-hf", str(ckpt), str(run), "--overwrite"])  # a checkpoint of the run
+    assert "inside the output folder" in err
+    assert sorted(p.relative_to(runs) for p in runs.rglob("*")) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    err = one_line_error(capsys, ["export-hf", str(run), str(mine), "--overwrite"])
+    assert "not a Hugging Face model folder" in err and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing_behind(setup, tmp_path, capsys):
+    """A real full disk: a 64 KiB tmpfs (root only; skipped elsewhere), far smaller than the export."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        err = one_line_error(capsys, ["export-hf", str(setup / "run"), str(disk / "out"), "--transformers-only"])
+        assert "No space left on device" in err
+        assert list(disk.iterdir()) == []  # neither OUT nor its temp folder
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_export_refuses_a_llama_run(setup, capsys):
@@ -164,3 +202,56 @@ def test_init_from_hf_bad_input_is_one_line(setup, hf_folder, capsys):
     index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
     (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
     refused(sharded, "lacks 1 shard")
+
+
+def test_init_from_hf_on_a_corrupt_or_truncated_safetensors_file_is_one_line(setup, hf_folder, capsys):
+    folder, _ = hf_folder
+    config = str(write_config(setup))
+    data = (folder / "model.safetensors").read_bytes()
+    for name, damaged in [("truncated", data[: len(data) // 2]),
+                          ("bad-header", data[:8] + b"\xff" * 16 + data[24:])]:
+        broken = setup / f"hf-{name}"
+        broken.mkdir()
+        (broken / "config.json").write_bytes((folder / "config.json").read_bytes())
+        (broken / "model.safetensors").write_bytes(damaged)
+        run = setup / f"refused-{name}"
+        err = one_line_error(capsys, ["train", config, "--out", str(run), "--init-from-hf", str(broken)])
+        assert str(broken / "model.safetensors") in err and "safetensors" in err
+        assert not run.exists()
+
+
+def test_resume_of_an_init_from_hf_run_before_its_first_checkpoint_starts_from_the_hf_weights(setup, hf_folder):
+    folder, hf_weights = hf_folder
+    config = write_config(setup, lr=1e-5, warmup_steps=0)
+    run = setup / "from-hf-killed"
+    assert main(["train", str(config), "--out", str(run), "--init-from-hf", str(folder), "--set", "max_steps=1",
+                 "--quiet"]) == 0
+    # As if killed before its first checkpoint: config.json written, no checkpoint yet.
+    for ckpt in (run / "checkpoints").iterdir():
+        if ckpt.is_dir():
+            shutil.rmtree(ckpt)
+        else:
+            ckpt.unlink()
+    assert main(["train", "--out", str(run), "--resume", "--set", "max_steps=2", "--quiet"]) == 0
+    model, _ = load_model(run)
+    for ours, tensor in model.state_dict().items():
+        start = hf_weights["model." + ours.replace("per_layer_inputs.", "").replace(".ple.", ".")]
+        assert (tensor - start).abs().max() <= 1e-3, ours  # two Adam steps of 1e-5 from the HF weights, not random
+    assert json.loads((run / "config.json").read_text())["init_from_hf"] == str(folder)
+
+
+def test_init_from_hf_under_torchrun_loads_each_ranks_rows_of_the_table(setup, hf_folder):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
+    from dist_helpers import ok, torchrun
+
+    folder, hf_weights = hf_folder
+    config = write_config(setup, lr=1e-5, warmup_steps=0, max_steps=2, dtype="fp32", device="cpu", eval_data="")
+    run = setup / "from-hf-2ranks"
+    ok(torchrun("train", str(config), "--out", str(run), "--init-from-hf", str(folder), "--quiet",
+                "--set", "parallel=ddp"))
+    model, _ = load_model(run)  # the sharded checkpoint read into one process
+    table = model.per_layer_inputs.embed_tokens_per_layer.weight
+    assert table.shape[0] == 260
+    for ours, tensor in model.state_dict().items():
+        start = hf_weights["model." + ours.replace("per_layer_inputs.", "").replace(".ple.", ".")]
+        assert (tensor - start).abs().max() <= 1e-3, ours

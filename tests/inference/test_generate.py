@@ -76,6 +76,14 @@ def test_same_seed_same_text_and_top_k_one_is_greedy():
     assert list(generate(model, [1, 2], 8, temperature=1.0, top_k=1)) == list(generate(model, [1, 2], 8, temperature=0))
 
 
+def test_a_prompt_id_outside_the_vocabulary_is_a_clear_error_before_any_forward():
+    from plelab.model.transformer import TokenIdError
+
+    model = tiny_model()
+    with pytest.raises(TokenIdError, match=r"\[0, 256\)"):
+        generate(model, [1, 256], 2)
+
+
 def test_a_request_that_fills_the_context_exactly_runs_and_one_more_is_refused():
     model = tiny_model()  # context 32: 30 prompt tokens + 3 new = 32 positions (the last is not fed back)
     assert len(list(generate(model, list(range(30)), 3, temperature=0))) == 3

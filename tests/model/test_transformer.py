@@ -4,10 +4,13 @@ Generation is tested with plelab/inference/generate.py (tests/inference/test_gen
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from plelab.model import KVCache, LanguageModel, TokenIdError, load_model_config
+from plelab.model.transformer import check_token_ids
 
 
 def tiny(*overrides: str) -> LanguageModel:
@@ -54,12 +57,43 @@ def test_ple_on_a_subset_of_layers():
     assert model.per_layer_inputs.embed_tokens_per_layer.weight.shape == (256, 16)
 
 
-def test_out_of_range_ids_raise_a_clear_error():
+def test_out_of_range_ids_raise_a_clear_error_where_ids_are_made():
     model = tiny()
-    with pytest.raises(TokenIdError, match=r"\[0, 256\)"):
-        model(torch.tensor([[1, 2, 256]]))
+    with pytest.raises(TokenIdError, match=r"\[0, 256\); got \[256\]"):
+        model.check_ids(torch.tensor([[1, 2, 256]]))
     with pytest.raises(TokenIdError):
-        model(torch.tensor([[-1, 2]]))
+        check_token_ids(np.array([[-1, 2]]), 256)
+    with pytest.raises(TokenIdError):
+        check_token_ids([3, 999], 256)
+    check_token_ids([], 256)
+    check_token_ids(np.array([0, 255], dtype=np.uint16), 256)
+
+
+SYNCS = {"item", "__bool__", "tolist", "__int__", "__float__", "__index__", "cpu", "numpy"}
+
+
+class _HostSyncs(TorchFunctionMode):
+    """Records the tensor methods that bring a value to the host (a device-to-host sync on an accelerator)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in SYNCS:
+            self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_training_forward_never_brings_a_value_to_the_host():
+    """No sync per micro-batch and no graph break under compile: the ids are checked where batches are made.
+    (kernels=off: the path an accelerator takes; the CPU kernels are host code anyway.)"""
+    model = tiny("kernels=off", "ple.vocab_size=100")
+    ids = torch.randint(0, 256, (2, 8))
+    with _HostSyncs() as watch:
+        model(ids, ids, return_logits=False)
+        model(ids)
+    assert watch.seen == []
 
 
 def test_ple_ids_outside_ple_vocab_use_row_zero():

@@ -16,11 +16,13 @@ from plelab.runs.checkpoint import SHARDED_MODEL_PREFIX, SHARDED_OPTIM_PREFIX, i
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    """A 1-process run and a 2-rank DDP run of the same config (global batch 4, 6 steps, checkpoints at 3, 6)."""
+    """A 1-process run and a 2-rank DDP run of the same config (global batch 4, 6 steps, checkpoints at 3, 6).
+
+    The config leaves `parallel` at its default (auto): the plain `torchrun ... -m plelab train` of the README."""
     root = tmp_path_factory.mktemp("dist")
     make_dataset(root)
     write_config(root, max_steps=6, ckpt_every=3, keep_checkpoints=3, warmup_steps=2, log_every=1,
-                 dtype="fp32", device="cpu", parallel="ddp")
+                 dtype="fp32", device="cpu")
     ok(plelab("train", "train.toml", "--out", "one", "--quiet", cwd=root))
     two = ok(torchrun("train", "train.toml", "--out", "two", cwd=root))
     (root / "two.stdout").write_text(two.stdout)
@@ -45,6 +47,7 @@ def test_two_ranks_give_the_one_process_loss_at_every_step(runs):
 def test_rank_0_alone_prints_progress(runs):
     out = (runs / "two.stdout").read_text()
     assert out.count("step 6/6 loss") == 1 and out.count("training 6 steps") == 1
+    assert out.count("2 ranks, parallel = ddp") == 1  # parallel = auto chose DDP
 
 
 def test_sharded_table_ends_equal_to_the_one_process_table_and_no_rank_held_all_of_it(runs):

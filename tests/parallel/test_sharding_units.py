@@ -12,6 +12,7 @@ from plelab.data.loader import BatchLoader, TokenDataset
 from plelab.errors import PlelabError
 from plelab.model.presets import load_model_config
 from plelab.model.transformer import LanguageModel
+from plelab.parallel.engine import parallel_mode
 from plelab.parallel.group import World, world_from_env
 from plelab.parallel.table import shard_bounds
 from plelab.training.config import TrainConfig
@@ -32,6 +33,14 @@ def test_world_from_env_reads_torchrun_and_refuses_nonsense():
     assert world_from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == World(3, 4, 1)
     with pytest.raises(PlelabError, match="malformed"):
         world_from_env({"RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_parallel_auto_is_ddp_on_several_ranks_and_one_process_otherwise():
+    assert TrainConfig().parallel == "auto"
+    assert parallel_mode("auto", World(0, 2)) == "ddp" and parallel_mode("auto", World(0, 1)) == "none"
+    assert parallel_mode("fsdp", World(1, 2)) == "fsdp" and parallel_mode("ddp", World(0, 1)) == "none"
+    with pytest.raises(PlelabError, match='2 ranks but parallel = "none"'):
+        parallel_mode("none", World(0, 2))
 
 
 def test_loader_position_resumes_on_another_world_size(tmp_path):

@@ -97,3 +97,16 @@ def test_a_new_evaluation_default_leaves_old_sweep_hashes_alone():
     old = {k: v for k, v in cfg.items() if k != "eval_sample"}
     assert config_hash(cfg) == config_hash(old)
     assert config_hash({**cfg, "eval_sample": "head"}) != config_hash(old)
+
+
+def test_a_domain_with_ids_beyond_the_vocabulary_is_a_clear_error(cfg):
+    """Checked once per domain on the host (the model's forward does not check ids)."""
+    import dataclasses
+
+    from plelab.model.transformer import TokenIdError
+
+    data = TrainingData(cfg, torch.device("cpu"))
+    prose = data.eval_domains["prose"]
+    bad = dataclasses.replace(prose, tokens=prose.tokens.astype("int64") + 1000)
+    with pytest.raises(TokenIdError, match=r"\[0, 258\)"):
+        evaluate_domains(LanguageModel(cfg.model), {"prose": bad}, seq_len=32)

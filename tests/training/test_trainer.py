@@ -233,3 +233,32 @@ def test_starting_over_an_existing_run_is_refused(setup):
     Trainer(cfg, setup / "run", quiet=True).run()
     with pytest.raises(Exception, match="--resume"):
         Trainer(cfg, setup / "run", quiet=True)
+
+
+def test_a_step_brings_values_to_the_host_as_often_whatever_the_micro_batches(setup):
+    """No device-to-host sync per micro-batch (the ids are checked by the loader, the losses fetched once a step):
+    the count of host-bound tensor calls in one step is the same for 1 and 4 micro-batches. kernels=off: the path
+    an accelerator takes (the CPU kernels are host code anyway)."""
+    from torch.overrides import TorchFunctionMode
+
+    class HostSyncs(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in {"item", "__bool__", "tolist", "__int__", "__float__", "cpu"}:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    config = write_config(setup)
+    for accum in (1, 4):
+        cfg = load_train_config(config, [f"grad_accum={accum}", "model.kernels=off"])
+        trainer = Trainer(cfg, setup / f"syncs-{accum}", quiet=True)
+        trainer.train_step()  # the first step warms up (lazy optimizer state)
+        with HostSyncs() as watch:
+            assert trainer.train_step() is not None
+        counts[accum] = watch.count
+        trainer.close()
+    assert counts[4] == counts[1], counts

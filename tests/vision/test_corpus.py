@@ -99,7 +99,8 @@ def test_refuses_existing_output_unless_overwrite(images_file, tmp_path):
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"tokenizer_kind": "sift"}, "unknown visual tokenizer"),
-    ({"codebook": 1}, ">= 2"),
+    ({"codebook": 1}, "in 2..65536"),
+    ({"codebook": 10**12}, "in 2..65536"),
     ({"heldout": 40}, "heldout"),
     ({"patch_size": 5}, "divide"),
 ])

@@ -145,3 +145,44 @@ def test_a_model_without_visual_ple_has_no_table_verdict(planted_corpus, tmp_pat
     result = diagnose_vision_model(trainer.model, list(trainer.data.heldout_batches(32)))
     assert result["visual_ple"] is False and result["verdict"]["verdict"] == "n/a"
     assert result["loss_full"] > 0
+
+
+@pytest.fixture(scope="module")
+def run_and_other_corpora(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """A vision run trained on a prepared corpus (K = 8, 4x4 patches), and corpora that differ from it in K, in
+    patch size, and in caption tokenizer (another image set)."""
+    import numpy as np
+
+    from plelab.vision.corpus import prepare_corpus
+
+    root = tmp_path_factory.mktemp("corpora")
+
+    def prepare(name: str, seed: int, codebook: int, patch: int) -> Path:
+        rng = np.random.default_rng(seed)
+        np.savez(root / f"{name}.npz", images=(rng.random((80, 8, 8)) * 255).astype(np.uint8),
+                 labels=rng.integers(0, 10, 80))
+        prepare_corpus(root / f"{name}.npz", "random", codebook, root / name, patch_size=patch, heldout=16)
+        return root / name
+
+    own = prepare("own", 0, 8, 4)
+    others = {"codebook": prepare("k16", 0, 16, 4), "patch": prepare("p2", 0, 8, 2),
+              "caption tokenizer": prepare("captions", 5, 8, 4)}
+    cfg = vision_config(own, batch_size=16, max_steps=2, model={"vocab_size": 512, "max_seq_len": 64},
+                        vision={"ple_dim": 4})
+    VisionTrainer(cfg, root / "run", quiet=True).run()
+    return root / "run", {"own": own, **others}
+
+
+@pytest.mark.parametrize("differs", ["codebook", "patch", "caption tokenizer"])
+def test_diagnose_on_a_corpus_the_run_did_not_train_on_is_one_line(run_and_other_corpora, differs, capsys):
+    from plelab.vision.corpus import VisionCorpus
+
+    run, corpora = run_and_other_corpora
+    own, other = (VisionCorpus.load(corpora[k], "valid") for k in ("own", differs))
+    other_tokenizer = own.caption_tokenizer().to_json() != other.caption_tokenizer().to_json()
+    assert other_tokenizer == (differs == "caption tokenizer")
+    capsys.readouterr()
+    assert main(["vision", "diagnose", str(run), "--corpus", str(corpora[differs])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and differs in err and str(corpora[differs]) in err, err
+    assert main(["vision", "diagnose", str(run), "--corpus", str(corpora["own"])]) == 0

@@ -117,6 +117,43 @@ def test_trains_on_a_corpus_that_plelab_vision_prepared(prepared_corpus, tmp_pat
     assert (tmp_path / "run" / "checkpoints" / "step_00000003" / "tokenizer.json").is_file()
 
 
+def test_resume_on_a_replaced_corpus_is_refused(tmp_path):
+    """Text runs refuse to resume on other data (the loader's fingerprint); a vision run does the same."""
+    from plelab.errors import PlelabError
+    from plelab.vision.corpus import prepare_corpus
+
+    def prepare(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        images = (rng.random((80, 8, 8)) * 255).astype(np.uint8)
+        np.savez(tmp_path / "images.npz", images=images, labels=rng.integers(0, 10, 80))
+        prepare_corpus(tmp_path / "images.npz", "random", 8, tmp_path / "corpus", patch_size=4, heldout=16,
+                       overwrite=True)
+
+    prepare(0)
+    cfg = vision_config(tmp_path / "corpus", batch_size=16, max_steps=6, ckpt_every=2,
+                        model={"vocab_size": 512, "max_seq_len": 64}, vision={"ple_dim": 4})
+    with pytest.raises(KeyboardInterrupt):
+        VisionTrainer(cfg, tmp_path / "run", quiet=True, callbacks=[StopAt(2)]).run()
+    prepare(1)  # another image set prepared into the same folder: same shapes, other images and ids
+    with pytest.raises(PlelabError, match="corpus .* is not the one this run trained on"):
+        VisionTrainer(cfg, tmp_path / "run", quiet=True, resume=True)
+    prepare(0)  # the same corpus again (prepare is deterministic): the run resumes
+    VisionTrainer(cfg, tmp_path / "run", quiet=True, resume=True).run()
+
+
+def test_text_commands_on_a_vision_run_say_it_is_a_vision_run(planted_corpus, tmp_path, capsys):
+    VisionTrainer(vision_config(planted_corpus, vision={"ple_dim": 8}, max_steps=1), tmp_path / "run",
+                  quiet=True).run()
+    run = str(tmp_path / "run")
+    (tmp_path / "valid.txt").write_text("some text\n")
+    capsys.readouterr()
+    for argv in (["eval", run, "--data", str(tmp_path / "valid.txt")], ["export", run, "--out", str(tmp_path / "x")],
+                 ["generate", run, "--prompt", "a"], ["diagnose", run], ["export-hf", run, str(tmp_path / "hf")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "is a vision run" in err and "plelab vision diagnose" in err, err
+
+
 def test_text_configs_record_no_vision_section():
     assert "vision" not in train_config_dict(TrainConfig())  # existing run configs and sweep hashes unchanged
     cfg = vision_config(Path("c"), vision={"ple_dim": 4})

@@ -333,6 +333,9 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
     uint32_t n_strings = rd32(p + 80);
     double eps = rdf64(p + 88), theta = rdf64(p + 96);
     p += MODEL_HEAD;
+    if (d->n_tensors == 0) /* `plelab export --hf`: a foreign checkpoint's PLE table alone, for planning */
+        return ple_fail(err, "is a table-only export (no core weights); there is no core to run: use it with "
+                             "`plelab plan` or the record reader");
     d->eps = (float)eps;
     d->theta = (float)theta;
     if (!(eps > 0 && eps < 1) || !(theta > 1 && theta < 1e12))

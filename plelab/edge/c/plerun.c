@@ -169,19 +169,30 @@ int main(int argc, char **argv) {
     uint32_t *tokens = malloc(sizeof(uint32_t) * ((size_t)d->max_seq + 1));
     cand *cands = temp > 0 ? malloc(sizeof(cand) * d->vocab) : NULL;
     if (!tokens || (temp > 0 && !cands)) die("out of memory");
-    long n_prompt = 0;
+    long n_prompt = 0, n_bad = 0, too_long = 0;
+    char bad[160] = ""; /* the first 5 ids outside the vocabulary, as the Python runtimes print them */
     for (const char *p = ids_arg; *p;) {
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || errno) die("--ids wants comma-separated integers, got '%s'", ids_arg);
-        if (v < 0 || v >= (long long)d->vocab) die("token id %lld is out of range [0, %u)", v, d->vocab);
-        if (n_prompt >= (long)d->max_seq)
-            die("the prompt is longer than the model's context of %u tokens", d->max_seq);
-        tokens[n_prompt++] = (uint32_t)v;
+        if (v < 0 || v >= (long long)d->vocab) {
+            if (n_bad++ < 5) {
+                size_t used = strlen(bad);
+                snprintf(bad + used, sizeof bad - used, "%s%lld", used ? ", " : "", v);
+            }
+        } else if (n_prompt >= (long)d->max_seq) {
+            too_long = 1;
+        } else {
+            tokens[n_prompt++] = (uint32_t)v;
+        }
         p = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') die("--ids wants comma-separated integers, got '%s'", ids_arg);
     }
+    if (n_bad) /* the wording of plelab.errors.token_id_message: one message whichever engine runs */
+        die("token ids must lie in [0, %u); got [%s] (is the tokenizer the one this model was built for?)", d->vocab,
+            bad);
+    if (too_long) die("the prompt is longer than the model's context of %u tokens", d->max_seq);
     if (n_prompt == 0) die("the prompt is empty");
     if (steps < 0) steps = d->max_seq;
     if (steps > (long)d->max_seq) die("--steps %ld exceeds the model's context of %u positions", steps, d->max_seq);

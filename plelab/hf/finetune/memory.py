@@ -71,7 +71,7 @@ class CheckpointShape:
             return cls(p, family, text)
         if p.is_dir() and any(p.glob("*.safetensors")):
             ckpt = HFCheckpoint.open(p)
-            from plelab.hf.safetensors import DTYPES
+            from plelab.util.safetensors import DTYPES
 
             return cls(p, ckpt.family, ckpt.text_config, DTYPES[ckpt.table.dtype][1])
         family, text = text_config_of(read_config(p), p)

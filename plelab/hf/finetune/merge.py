@@ -26,8 +26,8 @@ import torch
 from plelab.errors import PlelabError
 from plelab.hf.checkpoint import INDEX, TABLE_SUFFIX, HFCheckpoint, _shard_files
 from plelab.hf.finetune.adapter import RECORD, read_adapter
-from plelab.hf.safetensors import DTYPES, TensorInfo, read_header, read_rows
 from plelab.util.fs import check_output_path, fsync_dir
+from plelab.util.safetensors import DTYPES, TensorInfo, read_header, read_rows
 
 CHUNK_BYTES = 16 << 20
 """Bytes of a tensor read, changed and written at a time."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from plelab.errors import PlelabError
 from plelab.util.fs import atomic_write_bytes
+from plelab.vision.config import MAX_CODEBOOK
 from plelab.vision.patches import check_images, patch_grid
 
 FORMAT = "plelab-visual-tokenizer"
@@ -32,10 +33,12 @@ class TokenizerError(PlelabError):
     """A visual tokenizer misused (bad settings, not fitted, other image size) or a saved one unreadable."""
 
 
-def check_int(name: str, value: object, minimum: int) -> int:
-    """`value` as an int >= `minimum`; TokenizerError naming `name` otherwise (bools are refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise TokenizerError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """`value` as an int in [minimum, maximum]; TokenizerError naming `name` otherwise (bools are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum \
+            or (maximum is not None and value > maximum):
+        what = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise TokenizerError(f"{name} must be an integer {what}, got {value!r}")
     return int(value)
 
 
@@ -84,7 +87,7 @@ class VisualTokenizer:
     option_defaults: ClassVar[dict[str, int | float]] = {}
 
     def __init__(self, codebook: int, patch_size: int = 7, seed: int = 0, **options: int | float) -> None:
-        self.codebook = check_int("codebook size", codebook, 2)
+        self.codebook = check_int("codebook size", codebook, 2, MAX_CODEBOOK)
         self.patch_size = check_int("patch size", patch_size, 1)
         self.seed = check_int("seed", seed, 0)
         self.image_shape: tuple[int, int] | None = None

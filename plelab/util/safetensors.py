@@ -110,6 +110,33 @@ def read_rows(info: TensorInfo, start: int, stop: int) -> torch.Tensor:
         os.close(fd)
 
 
+READ_CHUNK = 64 << 20
+"""Bytes per pread of `read_rows_into`."""
+
+
+def read_rows_into(info: TensorInfo, start: int, out: torch.Tensor) -> torch.Tensor:
+    """Rows start..start+len(out) read straight into `out` (contiguous, on the CPU, of the stored dtype): no copy
+    of the bytes besides `out` itself (one rank's rows of a large table); returns `out`."""
+    want = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}.get(info.dtype)
+    if out.dtype != want or not out.is_contiguous() or out.device.type != "cpu":
+        return out.copy_(read_rows(info, start, start + out.shape[0]))
+    if start < 0 or start + out.shape[0] > (info.shape[0] if info.shape else 0):
+        raise SafetensorsError(f"{info.path}: rows [{start}, {start + out.shape[0]}) outside a tensor of shape "
+                               f"{info.shape}")
+    view = memoryview(out.detach().view(torch.uint8).numpy()).cast("B")
+    offset, done = info.offset + start * info.row_bytes, 0
+    fd = _open(info)
+    try:
+        while done < len(view):
+            n = os.preadv(fd, [view[done : done + READ_CHUNK]], offset + done)
+            if n <= 0:
+                raise SafetensorsError(f"{info.path}: truncated (wanted {len(view)} bytes at {offset})")
+            done += n
+    finally:
+        os.close(fd)
+    return out
+
+
 def read_tensor(info: TensorInfo) -> torch.Tensor:
     """A whole tensor (scalars included) of the stored dtype."""
     if info.shape:

@@ -1,0 +1,48 @@
+"""The PLE table is never whole on a rank, yet starts as the one-process table does: 2 real torchrun ranks' rows
+equal the 1-process table bit for bit, and so does every other weight."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from dist_helpers import ENV, make_dataset, write_config
+
+from plelab.parallel.checkpoint import TABLE_WEIGHT
+from plelab.training.config import load_train_config
+from plelab.training.trainer import Trainer
+
+WORKER = Path(__file__).with_name("table_worker.py")
+
+
+def run_worker(root: Path, name: str, nproc: int) -> list[dict]:
+    out = root / name
+    out.mkdir()
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] \
+        if nproc > 1 else [sys.executable]
+    proc = subprocess.run([*launcher, str(WORKER), str(root / "train.toml"), str(out / "run"), str(out)],
+                          capture_output=True, text=True, env=ENV, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
+
+
+def test_two_ranks_rows_of_the_table_equal_the_one_process_table_bit_for_bit(tmp_path):
+    make_dataset(tmp_path)
+    # 259 rows x 2 layers x 6: neither the rank boundary nor the table's end falls on torch's 16-value block.
+    write_config(tmp_path, dtype="fp32", device="cpu", eval_data="")
+    config = tmp_path / "train.toml"
+    config.write_text(config.read_text() + "[model.ple]\ndim = 6\nvocab_size = 259\n")
+    ranks = run_worker(tmp_path, "two", 2)
+    one = Trainer(load_train_config(config), tmp_path / "one", quiet=True)
+    one.close()
+    whole = one.model.state_dict()[TABLE_WEIGHT]
+    assert whole.shape[0] == 259 and whole.numel() % 16 and 130 * whole.shape[1] % 16
+    assert [r["lo"] for r in ranks] == [0, 130]
+    assert [r["state"][TABLE_WEIGHT].shape[0] for r in ranks] == [130, 129]  # each rank holds only its rows
+    assert torch.equal(torch.cat([r["state"][TABLE_WEIGHT] for r in ranks]), whole)
+    for r in ranks:  # the rest of the model too (the PLE generator ends where the whole table leaves it)
+        for name, value in one.model.state_dict().items():
+            if name != TABLE_WEIGHT:
+                assert torch.equal(r["state"][name], value), name
