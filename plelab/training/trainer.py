@@ -10,6 +10,7 @@ the run directory's files (one process: Parallel does nothing).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,7 +25,8 @@ import numpy as np
 import torch
 
 from plelab.data.loader import BatchLoader
-from plelab.inference.device import choose_precision, fused_adamw, pick_device
+from plelab.inference.device import Precision, choose_precision, fused_adamw, pick_device
+from plelab.model.bf16_gemm import bf16_gemms
 from plelab.model.transformer import LanguageModel
 from plelab.parallel.engine import Parallel
 from plelab.parallel.group import PeerLost, is_peer_failure, peer_failure_text
@@ -84,6 +86,14 @@ def auxiliary_losses(modules: Iterable[torch.nn.Module]) -> dict[str, torch.Tens
         for name, value in (getattr(module, "aux_losses", None) or {}).items():
             out[name] = out[name] + value if name in out else value
     return out
+
+
+def compute_context(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager:
+    """What a training forward runs under: bf16 autocast, the bf16 head GEMMs of bf16-head on a CPU
+    (plelab.model.bf16_gemm), or nothing (fp32)."""
+    if precision.name == "bf16-head":
+        return bf16_gemms(native=precision.native_bf16)
+    return precision.autocast(device)
 
 
 class Trainer:
@@ -319,7 +329,7 @@ class Trainer:
         for i in range(cfg.grad_accum):
             x, y = self.data.next_batch()
             with self.parallel.grad_sync(last=i == cfg.grad_accum - 1):
-                with self.precision.autocast(self.device):
+                with compute_context(self.precision, self.device):
                     _, loss = self.train_model(x, y, return_logits=False)
                     aux = auxiliary_losses(self.aux_modules)
                 objective = loss + sum(aux.values()) if aux else loss
