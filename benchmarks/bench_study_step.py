@@ -4,8 +4,9 @@ Prints one JSON object. The models are read from the studies' own sweep files: t
 (configs/sweeps/deadzone-law-h{32,64,128}.toml: 4 layers, vocab 8,192, simple-form PLE at dP = H/4 by default)
 and the FFN study's baseline (configs/sweeps/ffn-study.toml, variant swiglu: H = 96, vocab 4,096), each at its
 sweep's batch (16 x 128). A step is the trainer's: forward with `return_logits=False` under the run's compute
-context (plelab.training.trainer.compute_context), backward, global-norm clipping, AdamW + the lazy sparse
-Adam of the PLE table (plelab.training.optim.Optimizer), zero_grad.
+context (plelab.training.trainer.compute_context), backward, global-norm clipping, AdamW (fused where the
+trainer fuses it: bf16-head on a CPU) + the lazy sparse Adam of the PLE table (plelab.training.optim.Optimizer),
+zero_grad.
 
 Both paths train the same weights on the same batch in the same process; at each thread count (1, then 2)
 their steps alternate (order swapped every round) after a warm-up, so a slow period on a shared machine
@@ -42,13 +43,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from plelab.experiments.sweep import load_sweep  # noqa: E402
-from plelab.inference.device import choose_precision, cpu_bf16_features, fused_adamw  # noqa: E402
+from plelab.inference.device import choose_precision, cpu_bf16_features  # noqa: E402
 from plelab.model import bf16_gemm, softmax_xent  # noqa: E402
 from plelab.model.transformer import LanguageModel  # noqa: E402
 from plelab.training.config import TrainConfig  # noqa: E402
 from plelab.training.mfu import measure_matmul_peak, train_flops_per_token  # noqa: E402
 from plelab.training.optim import Optimizer, grad_norm_and_clip, model_config_for  # noqa: E402
-from plelab.training.trainer import compute_context  # noqa: E402
+from plelab.training.trainer import adamw_fused, compute_context  # noqa: E402
 
 SWEEPS = ROOT / "configs" / "sweeps"
 REFERENCE, FAST = "fp32", "bf16-head"
@@ -80,7 +81,7 @@ def make_step(cfg: TrainConfig, dtype: str, seed: int = 0) -> Callable[[], float
     torch.manual_seed(seed)
     model = LanguageModel(model_config_for(cfg), device=device)
     model.train()
-    optimizer = Optimizer(model, cfg, fused=fused_adamw(device))
+    optimizer = Optimizer(model, cfg, fused=adamw_fused(device, precision))
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.model.vocab_size, (cfg.batch_size, cfg.context + 1), generator=gen)

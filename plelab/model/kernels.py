@@ -131,7 +131,8 @@ def _bf16_chunks(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, i
     loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
     with bf16_gemm.onednn_bf16_math() if mode == "native" else contextlib.nullcontext():
         for start in range(0, h.shape[0], chunk):
-            hc, g = h[start : start + chunk], torch.mm(h[start : start + chunk], weight.t())
+            hc = h[start : start + chunk]
+            g = torch.mm(hc, weight.t()) if mode == "native" else bf16_gemm.linear_fp32(hc, weight)
             # The logit gradient is rounded to bf16 here unless oneDNN rounds it itself (it leaves GEMMs
             # this small to fp32 BLAS); loss and gradient in one vectorised pass per row.
             native = mode == "native" and hc.numel() * weight.shape[0] >= bf16_gemm.ONEDNN_MIN_MACS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,7 @@ def test_the_ple_table_keeps_exact_sparse_updates(tmp_path):
     table = trainer.model.per_layer_inputs.embed_tokens_per_layer
     assert table.sparse and table.weight.dtype == torch.float32
     assert trainer.optimizer.sparse is not None and table.weight in trainer.optimizer.sparse.param_groups[0]["params"]
+    assert all(g["fused"] for g in trainer.optimizer.dense.param_groups)  # AdamW's fused CPU kernel on this path
     moved = (table.weight.detach() != init).any(dim=1)
     # The byte corpus is ASCII: rows >= 128 are never seen, so a lazy sparse update leaves them bit-identical.
     assert moved[:128].any() and not moved[128:].any()
@@ -78,3 +80,18 @@ def test_soft_capped_logits_are_refused_under_bf16_head(tmp_path):
     path = write_config(tmp_path, dtype="bf16-head")
     with pytest.raises(ConfigError, match="soft-capped"):
         load_train_config(path, ["model.arch=gemma4", "model.gemma4.final_logit_softcap=30.0"])
+
+
+def test_a_resumed_bf16_head_run_computes_the_same_steps(tmp_path):
+    make_dataset(tmp_path)
+    trainer, lines = train(tmp_path, "straight", "bf16-head", steps=6)
+    assert trainer.config.ckpt_every == 6
+    cfg = load_train_config(write_config(tmp_path, max_steps=6, log_every=1, ckpt_every=3, dtype="bf16-head"))
+    first = Trainer(cfg, tmp_path / "resumed", quiet=True)
+    first.run()
+    ckpts = tmp_path / "resumed" / "checkpoints"
+    shutil.rmtree(ckpts / "step_00000006")  # as if killed after the step-3 checkpoint
+    (ckpts / "LATEST").write_text("step_00000003")
+    Trainer(cfg, tmp_path / "resumed", resume=True, quiet=True).run()
+    resumed = [m for m in metric_lines(tmp_path / "resumed") if m.get("loss") is not None and "eval" not in m]
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in lines]  # bit for bit, steps 4-6 recomputed
