@@ -57,6 +57,10 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plelab-softmax-xent")
 
 
+# A forked child has the parent's pool object but none of its threads: give it fresh pools.
+os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
 def softmax_xent_(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                   round_bf16: bool = False, use_c: bool | None = None) -> torch.Tensor:
     """Per-row loss (fp32, 0 on ignored rows); `logits` (rows, V, fp32, CPU) becomes the logit gradient.

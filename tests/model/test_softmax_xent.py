@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -109,3 +111,27 @@ def test_without_a_compiler_the_torch_path_is_used(monkeypatch, tmp_path) -> Non
     finally:
         monkeypatch.delenv("PLELAB_NO_C_KERNELS")
         S._library.cache_clear()
+
+
+@pytest.mark.skipif(S.backend() != "c" or not hasattr(__import__("os"), "fork"), reason="needs the C kernel and fork")
+def test_a_forked_child_gets_working_threads() -> None:
+    import os
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        S.softmax_xent_(torch.randn(64, 50), torch.zeros(64, dtype=torch.int64))  # the parent's pool exists
+        pid = os.fork()
+        if pid == 0:  # child: the parent's pool has no threads here, so using it would hang
+            ok = torch.isfinite(S.softmax_xent_(torch.randn(64, 50), torch.zeros(64, dtype=torch.int64))).all()
+            os._exit(0 if ok else 1)
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in the softmax kernel's thread pool")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        torch.set_num_threads(threads)
