@@ -27,6 +27,7 @@ import torch
 from plelab.data.loader import BatchLoader
 from plelab.inference.device import Precision, choose_precision, fused_adamw, pick_device
 from plelab.model.bf16_gemm import bf16_gemms
+from plelab.model.softmax_xent import backend as softmax_backend
 from plelab.model.transformer import LanguageModel
 from plelab.parallel.engine import Parallel
 from plelab.parallel.group import PeerLost, is_peer_failure, peer_failure_text
@@ -381,6 +382,10 @@ class Trainer:
         last: dict[str, Any] = {}
         try:
             self.log_line(f"precision: {self.precision}")
+            if self.precision.name == "bf16-head":
+                with bf16_gemms(native=self.precision.native_bf16) as mode:
+                    self.log_line(f"bf16-head: head GEMMs {mode}, softmax step in {softmax_backend()} "
+                                  "(plelab.model.bf16_gemm, plelab.model.softmax_xent)")
             if self.world.distributed:
                 self.log_line(f"{self.world.size} ranks, parallel = {cfg.parallel}: PLE table split by vocabulary, "
                               f"{cfg.batch_size // self.world.size} of each step's {cfg.batch_size} sequences per rank")
