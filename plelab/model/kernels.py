@@ -26,7 +26,7 @@ from torch.autograd.function import once_differentiable
 
 from plelab.model import bf16_gemm
 from plelab.model.config import KernelsSetting
-from plelab.model.softmax_xent import softmax_xent_
+from plelab.model.softmax_xent import softmax_xent
 
 
 def kernels_enabled(setting: KernelsSetting, device: torch.device | str | None = None) -> bool:
@@ -141,7 +141,8 @@ def _bf16_chunks(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, i
             # The logit gradient is rounded to bf16 here unless oneDNN rounds it itself (it leaves GEMMs
             # this small to fp32 BLAS); loss and gradient in one vectorised pass per row.
             native = mode == "native" and hc.numel() * weight.shape[0] >= bf16_gemm.ONEDNN_MIN_MACS
-            loss_sum += softmax_xent_(g, targets[start : start + chunk], ignore_index, round_bf16=not native).sum()
+            nll, g = softmax_xent(g, targets[start : start + chunk], ignore_index, round_bf16=not native)
+            loss_sum += nll.sum()
             if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
             if grad_w_t is not None:
