@@ -26,10 +26,9 @@ writes fastpath-check.json and fastpath-check.md into the folder and prints the 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,17 +151,15 @@ def curve_section(runs: Sequence[dict[str, Any]], fraction: float = CURVE_FRACTI
 
 
 def diagnose_run(run: dict[str, Any]) -> dict[str, Any]:
-    """`plelab diagnose RUN_DIR --data EVAL_DATA --json`, in this process: overall and per-layer verdicts."""
-    from plelab.cli.main import main
-
+    """`plelab diagnose RUN_DIR --data EVAL_DATA --json` (a subprocess: the command itself, as a user runs it):
+    the overall and per-layer verdicts."""
     data = run["config"].get("eval_data") or run["config"].get("data")
-    argv = ["diagnose", run["dir"], "--json"] + (["--data", data] if data else [])
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main(argv)
-    if code:
-        raise PlelabError(f"plelab diagnose {run['dir']} exited {code}")
-    report = json.loads(buf.getvalue())
+    cmd = [sys.executable, "-m", "plelab", "diagnose", run["dir"], "--json"] + (["--data", data] if data else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise PlelabError(f"plelab diagnose {run['dir']} exited {proc.returncode}: {last}")
+    report = json.loads(proc.stdout)
     return {"verdict": report.get("verdict"), "layers": [rec.get("verdict") for rec in report.get("layers", [])]}
 
 
