@@ -12,15 +12,21 @@ against it (tests/model/test_kernels.py):
   log_softmax another (N, V), its backward a third (plus a zero-filled one). Here each chunk of rows
   goes head GEMM -> softmax (in place into p - onehot) -> the two gradient GEMMs while its (chunk, V)
   block is still in cache, and the gradients are produced during the forward pass (the Liger-kernel /
-  cut-cross-entropy idea), so backward only scales them. No logits are returned.
+  cut-cross-entropy idea), so backward only scales them. No logits are returned. Inside
+  `plelab.model.bf16_gemm.bf16_gemms` (training dtype bf16-head) its three GEMMs take bf16-rounded inputs with
+  fp32 accumulation, and the softmax step is plelab.model.softmax_xent (one vectorised C pass per row).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.autograd.function import once_differentiable
 
+from plelab.model import bf16_gemm
 from plelab.model.config import KernelsSetting
+from plelab.model.softmax_xent import softmax_xent
 
 
 def kernels_enabled(setting: KernelsSetting, device: torch.device | str | None = None) -> bool:
@@ -110,9 +116,48 @@ def _chunk_rows(vocab: int, rows: int) -> int:
     return min(rows, max(256, (1 << 22) // max(vocab, 1)))
 
 
+def _bf16_chunk_rows(vocab: int, rows: int) -> int:
+    # ~8 MB of fp32 logits per chunk (256 rows at V = 8192), at most 256 rows and never fewer than 16: under
+    # load here (AVX2, 512 KB L2) 128-256 rows ran the H = 64-128 heads fastest, 32 rows 1.3-1.6x slower
+    # (the weight-gradient GEMM then has too short an inner dimension).
+    return min(rows, max(16, min(256, (1 << 21) // max(vocab, 1))))
+
+
+def _bf16_chunks(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, chunk: int,
+                 mode: str, grad_h: torch.Tensor | None, grad_w: torch.Tensor | None) -> torch.Tensor:
+    """The chunk loop with bf16 GEMM inputs (mode "native" or "emulated", plelab.model.bf16_gemm) and fp32
+    accumulation: returns the summed loss, fills grad_h and accumulates grad_w (both unscaled)."""
+    h, weight = bf16_gemm.round_bf16(h), bf16_gemm.round_bf16(weight)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+    # Emulated, with oneDNN's fp32 inner product: grad_w^T = h^T g chunk by chunk (12-19 % faster than
+    # addmm_ into grad_w at H = 64-128 here), transposed once at the end.
+    grad_w_t = None
+    if grad_w is not None and mode == "emulated" and bf16_gemm.onednn_linear_works():
+        grad_w_t = torch.zeros(weight.shape[1], weight.shape[0], dtype=torch.float32, device=h.device)
+    with bf16_gemm.onednn_bf16_math() if mode == "native" else contextlib.nullcontext():
+        for start in range(0, h.shape[0], chunk):
+            hc = h[start : start + chunk]
+            g = torch.mm(hc, weight.t()) if mode == "native" else bf16_gemm.linear_fp32(hc, weight)
+            # The logit gradient is rounded to bf16 here unless oneDNN rounds it itself (it leaves GEMMs
+            # this small to fp32 BLAS); loss and gradient in one vectorised pass per row.
+            native = mode == "native" and hc.numel() * weight.shape[0] >= bf16_gemm.ONEDNN_MIN_MACS
+            nll, g = softmax_xent(g, targets[start : start + chunk], ignore_index, round_bf16=not native)
+            loss_sum += nll.sum()
+            if grad_h is not None:
+                torch.mm(g, weight, out=grad_h[start : start + chunk])
+            if grad_w_t is not None:
+                grad_w_t.add_(bf16_gemm.linear_fp32(hc.t().contiguous(), g.t()))
+            elif grad_w is not None:
+                grad_w.addmm_(g.t(), hc)
+    if grad_w_t is not None:
+        grad_w.copy_(grad_w_t.t())
+    return loss_sum
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, chunk: int):
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, chunk: int,
+                bf16: str | None = None):
         n_valid = (targets != ignore_index).sum()
         denom = n_valid.clamp(min=1).to(torch.promote_types(h.dtype, torch.float32))
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -121,7 +166,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         acc = torch.promote_types(h.dtype, torch.float32)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         loss_sum = torch.zeros((), dtype=acc, device=h.device)
-        for start in range(0, h.shape[0], chunk):
+        if bf16 is not None:  # fp32 h and weight; the loop below then runs over no chunk
+            loss_sum += _bf16_chunks(h, weight, targets, ignore_index, chunk, bf16, grad_h, grad_w)
+        for start in range(0, h.shape[0] if bf16 is None else 0, chunk):
             hc, tc = h[start : start + chunk], targets[start : start + chunk]
             valid = tc != ignore_index
             safe_t = torch.where(valid, tc, torch.zeros_like(tc)).unsqueeze(1)
@@ -164,7 +211,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None
         gw = grad_w * grad_out.to(grad_w.dtype) if grad_w is not None else None
-        return gh, gw, None, None, None
+        return gh, gw, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -174,14 +221,20 @@ def linear_cross_entropy(
 
     h: (N, H) or (..., H); weight: (V, H); targets: matching (N,) or (...), `ignore_index` entries skipped.
     All targets ignored gives 0 (not NaN). Under autocast the head GEMMs run in the autocast dtype, as
-    F.linear would; the softmax is always fp32.
+    F.linear would; the softmax is always fp32. Inside `plelab.model.bf16_gemm.bf16_gemms` (fp32 h and
+    weight, no autocast) the three GEMMs take bf16-rounded inputs (h, weight and the logit gradients) and
+    accumulate in fp32; softmax, loss and the gradients returned stay fp32.
     """
     h2 = h.reshape(-1, h.shape[-1])
     t = targets.reshape(-1)
     if t.shape[0] != h2.shape[0]:
         raise ValueError(f"targets have {t.shape[0]} entries for {h2.shape[0]} rows of hidden states")
-    rows = chunk if chunk is not None else _chunk_rows(weight.shape[0], h2.shape[0])
     dev = h2.device.type
+    bf16 = bf16_gemm.active() if h2.dtype == weight.dtype == torch.float32 and dev == "cpu" else None
+    if bf16 is not None and not torch.is_autocast_enabled(dev):
+        rows = chunk if chunk is not None else _bf16_chunk_rows(weight.shape[0], h2.shape[0])
+        return _LinearCrossEntropy.apply(h2, weight, t, ignore_index, rows, bf16)
+    rows = chunk if chunk is not None else _chunk_rows(weight.shape[0], h2.shape[0])
     if torch.is_autocast_enabled(dev):
         # A custom Function sees autocast too, and `out=` GEMMs cannot follow it: cast once, outside.
         dt = torch.get_autocast_dtype(dev)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plelab.errors import PlelabError, token_id_message
-from plelab.model import kernels
+from plelab.model import bf16_gemm, kernels
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import build_ffn
 from plelab.model.gemma4 import Gemma4DecoderLayer, gemma4_layers
@@ -87,6 +87,8 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> 
 
 def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
     """`cross_entropy` of the logits h @ weight.T (what kernels.linear_cross_entropy fuses)."""
+    if bf16_gemm.active() is not None:  # bf16 head GEMMs exist only as the fused kernel
+        return kernels.linear_cross_entropy(h, weight, targets, ignore_index)
     return cross_entropy(F.linear(h, weight), targets, ignore_index)
 
 

@@ -79,11 +79,16 @@ class TrainConfig:
     """auto (cuda, then mps, then cpu), or an explicit torch device."""
     dtype: PrecisionChoice = "auto"
     """auto = bf16 autocast where the hardware computes bf16 natively (CUDA with bf16; CPUs with AVX512-BF16,
-    AMX or aarch64 BF16), else fp32; or bf16 / fp32. The run prints its choice and why
-    (plelab.util.device.choose_precision). Weights, optimizer state, norms and the loss stay fp32.
-    On a CPU the gain needs width: measured here 1.40x at H = 256 (benchmarks/bench_train_step.py) but 0.9x
-    at H = 128 and 0.55-0.6x for mini-ple on a byte vocabulary (benchmarks/bench_distributed.py): set fp32
-    for tiny models."""
+    AMX or aarch64 BF16), else fp32; or bf16 / bf16-head / fp32. The run prints its choice and why
+    (plelab.util.device.choose_precision). Under every value weights, gradients, optimizer state (the PLE
+    table's sparse updates included), norms, softmax and the loss stay fp32. fp32: everything fp32. bf16: autocast,
+    every matmul in bf16 with bf16 outputs; on a CPU the gain needs width: measured 1.40x at H = 256
+    (benchmarks/bench_train_step.py) but 0.9x at H = 128 and 0.55-0.6x for mini-ple on a byte vocabulary
+    (benchmarks/bench_distributed.py). bf16-head, the CPU fast path for the studies' small models: only the fused
+    output head + cross-entropy changes, its three GEMMs taking bf16-rounded inputs (hidden states, head weight,
+    logit gradients) with fp32 accumulation and fp32 outputs, on the CPU's bf16 units where it has them and
+    emulated exactly in fp32 where not (plelab.model.bf16_gemm; benchmarks/bench_study_step.py); attention, FFN,
+    PLE and the rest run as under fp32, and evaluation is fp32. On CUDA bf16-head is plain bf16 autocast."""
     compile: bool = False
     """torch.compile the model (nn.Module.compile: checkpoints keep their parameter names). Pays on CUDA;
     the first steps are slow while it compiles."""
@@ -169,6 +174,9 @@ class TrainConfig:
             raise ConfigError(f"eval_sample must be one of {', '.join(EVAL_SAMPLES)}, got {self.eval_sample!r}")
         if self.dtype not in PRECISIONS:
             raise ConfigError(f"dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
+        if self.dtype == "bf16-head" and self.model.logit_softcap is not None:
+            raise ConfigError("dtype = bf16-head changes the fused head + loss, which soft-capped logits "
+                              "(model.logit_softcap) do not use: choose fp32 or bf16")
 
     @property
     def context(self) -> int:

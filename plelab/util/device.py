@@ -5,6 +5,7 @@
 (CUDA devices with bf16, CPUs with AVX512-BF16 or AMX, aarch64 CPUs with FEAT_BF16) and fp32 elsewhere,
 and says why. `backend_for(device)` is the torch.distributed backend for a device (NCCL on CUDA, gloo on
 the CPU); `fused_adamw` and `host_to_device` are the other per-device choices a training run makes.
+"bf16-head" is the CPU training fast path: bf16 GEMMs in the fused output head + loss only.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def cpu_bf16_features(flags: Iterable[str] | None = None) -> list[str]:
     return [f for f in CPU_BF16_FLAGS if f in have]
 
 
-PrecisionChoice = Literal["auto", "bf16", "fp32"]
-"""How a run's compute precision is asked for: auto (bf16 where the hardware has it natively), bf16 or fp32."""
+PrecisionChoice = Literal["auto", "bf16", "bf16-head", "fp32"]
+"""How a run's compute precision is asked for: auto (bf16 where the hardware has it natively), bf16, bf16-head
+(the CPU fast path: bf16 GEMMs in the fused output head + loss only) or fp32 (see `choose_precision`)."""
 PRECISIONS: tuple[str, ...] = get_args(PrecisionChoice)
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """The torch dtype of a precision name (for models held in that dtype rather than autocast)."""
@@ -92,24 +94,35 @@ OLD_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 @dataclass(frozen=True)
 class Precision:
-    """The compute precision of a run: `name` is "bf16" (autocast) or "fp32"; `reason` says why."""
+    """The compute precision of a run: `name` is "bf16" (autocast), "bf16-head" or "fp32"; `reason` says why.
+
+    bf16-head (CPU only; elsewhere it resolves to bf16): the fused output head + cross-entropy takes bf16 GEMM
+    inputs with fp32 accumulation (plelab.model.bf16_gemm), everything else is fp32 as under "fp32".
+    `native_bf16` says whether those GEMMs run on bf16 hardware or are emulated exactly in fp32.
+    """
 
     name: str
     reason: str
+    native_bf16: bool = False
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        """torch.bfloat16 under bf16 autocast, None for plain fp32."""
+        """torch.bfloat16 under bf16 autocast, None otherwise (fp32, bf16-head)."""
         return torch.bfloat16 if self.name == "bf16" else None
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """The autocast context for `device` (a no-op context for fp32)."""
+        """The autocast context for `device` (a no-op context for fp32 and bf16-head)."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
 
     def __str__(self) -> str:
-        what = "bf16 autocast (matmuls in bf16; norms, softmax and loss in fp32)" if self.name == "bf16" else "fp32"
+        what = {
+            "bf16": "bf16 autocast (matmuls in bf16; norms, softmax and loss in fp32)",
+            "bf16-head": "bf16-head (the output head + cross-entropy GEMMs take bf16 inputs with fp32 accumulation, "
+                         + ("on the CPU's bf16 units" if self.native_bf16 else "emulated exactly in fp32")
+                         + "; everything else fp32)",
+        }.get(self.name, "fp32")
         return f"{what}: {self.reason}"
 
 
@@ -120,11 +133,16 @@ def choose_precision(
     cpu_features: Iterable[str] | None = None,
     cuda_bf16: bool | None = None,
 ) -> Precision:
-    """bf16 or fp32 for `dtype` in auto/bf16/fp32 on `device`; the hardware probes can be injected (tests)."""
+    """bf16, bf16-head or fp32 for `dtype` in PRECISIONS on `device`; the hardware probes can be injected (tests)."""
     if dtype == "fp32":
         return Precision("fp32", "dtype = fp32")
-    if dtype not in ("auto", "bf16"):
-        raise PlelabError(f"dtype must be auto, bf16 or fp32, got {dtype!r}")
+    if dtype not in PRECISIONS:
+        raise PlelabError(f"dtype must be one of {', '.join(PRECISIONS)}, got {dtype!r}")
+    if dtype == "bf16-head" and device.type == "cpu":
+        found = cpu_bf16_features(cpu_features)
+        hw = (f"the CPU has native bf16 ({', '.join(found)})" if found else
+              "the CPU has no native bf16, so its GEMMs run in fp32 on bf16-rounded inputs (same numbers)")
+        return Precision("bf16-head", f"dtype = bf16-head and {hw}", native_bf16=bool(found))
     if device.type == "cuda":
         native = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
         hw = "this CUDA device " + ("computes bf16 natively" if native else "has no native bf16")
@@ -135,6 +153,9 @@ def choose_precision(
             f"the CPU has no native bf16 (none of {', '.join(CPU_BF16_FLAGS)}), so bf16 would be emulated")
     else:
         native, hw = False, f"bf16 autocast is not chosen automatically on {device.type}"
+    if dtype == "bf16-head":  # a CPU kernel; on an accelerator the whole forward runs under bf16 autocast
+        return Precision("bf16", f"dtype = bf16-head, which on {device.type} is bf16 autocast"
+                                 + ("" if native else f"; note: {hw}, slower than fp32"))
     if dtype == "bf16":
         return Precision("bf16", "dtype = bf16" + ("" if native else f"; note: {hw}, slower than fp32"))
     return Precision("bf16" if native else "fp32", f"dtype = auto and {hw}")

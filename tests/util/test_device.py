@@ -58,8 +58,19 @@ def test_explicit_choices_win_and_emulated_bf16_is_flagged():
     slow = choose_precision(CPU, "bf16", cpu_features=set())
     assert slow.name == "bf16" and "slower than fp32" in slow.reason
     assert "note" not in choose_precision(CPU, "bf16", cpu_features={"amx_bf16"}).reason
-    with pytest.raises(PlelabError, match="auto, bf16 or fp32"):
+    with pytest.raises(PlelabError, match="auto, bf16, bf16-head, fp32"):
         choose_precision(CPU, "fp16")
+
+
+@pytest.mark.parametrize("features", [{"amx_bf16"}, set()])
+def test_bf16_head_is_a_cpu_path_with_fp32_activations_and_autocast_elsewhere(features):
+    p = choose_precision(CPU, "bf16-head", cpu_features=features)
+    assert p.name == "bf16-head" and p.autocast_dtype is None and p.native_bf16 == bool(features)
+    with p.autocast(CPU):  # no autocast: only the head kernel's GEMMs change (plelab.model.bf16_gemm)
+        assert not torch.is_autocast_enabled("cpu")
+    assert str(p).startswith("bf16-head") and ("bf16 units" if features else "emulated exactly") in str(p)
+    on_cuda = choose_precision(CUDA, "bf16-head", cuda_bf16=True)
+    assert on_cuda.name == "bf16" and "which on cuda is bf16 autocast" in on_cuda.reason
 
 
 def test_this_machine_is_probed_from_cpuinfo():

@@ -25,7 +25,7 @@ def literal_fields(cls: type) -> dict[str, tuple]:
 
 
 def test_the_enumerated_fields_are_literals():
-    assert literal_fields(TrainConfig) == {"dtype": ("auto", "bf16", "fp32"),
+    assert literal_fields(TrainConfig) == {"dtype": ("auto", "bf16", "bf16-head", "fp32"),
                                            "parallel": ("auto", "none", "ddp", "fsdp"),
                                            "eval_sample": ("spread", "head", "all")}
     assert literal_fields(ExportOptions) == {"quant": EXPORT_QUANTS}
