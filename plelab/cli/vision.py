@@ -49,7 +49,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 def run_diagnose(args: argparse.Namespace) -> int:
     """Diagnose a vision run's visual table, then print a summary (or everything with --json)."""
-    from plelab.diagnostics.diagnose import jsonable
+    from plelab.util.json_values import jsonable
     from plelab.vision.diagnostics import diagnose_run, format_diagnosis
 
     result = diagnose_run(args.run, corpus=args.corpus, batch_size=args.batch_size)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -17,6 +16,7 @@ from plelab.diagnostics.grads import grad_norm_ratios
 from plelab.diagnostics.injection import probe_layers
 from plelab.diagnostics.model_parts import as_batches, lm_loss, model_device, ple_layers, unwrap
 from plelab.diagnostics.table_health import DEFAULT_TOP_K, table_health
+from plelab.util.json_values import jsonable
 
 DEFINITIONS = {
     "injection_ratio": "RMS of the PLE contribution y that the layer adds to the residual / RMS of the hidden "
@@ -38,19 +38,6 @@ THRESHOLDS = {
     "DEAD_INJECTION_RATIO": V.DEAD_INJECTION_RATIO,
     "GATE_NEAR_ZERO": GATE_NEAR_ZERO,
 }
-
-
-def jsonable(obj):
-    """Recursively turn tensors/numpy scalars into Python numbers, int keys into str and NaN/inf into None."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, (np.generic, torch.Tensor)):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def _one_backward_grad_ratios(model: nn.Module, batch: tuple) -> dict | None:

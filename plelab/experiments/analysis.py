@@ -18,6 +18,7 @@ from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
+from plelab.util.json_values import jsonable as _jsonable
 
 DIM_KEY = "model.ple.dim"
 SEED_KEY = "seed"
@@ -319,13 +320,3 @@ def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[st
         "groups": [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()],
         "config": (runs[0]["config"] if runs else {}), "plan": folder_plan(folder, plan),
     })
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

@@ -42,6 +42,7 @@ from plelab.experiments.sweep_store import SweepStore
 from plelab.runs.metrics import read_metrics
 from plelab.stats.paired import mean_std, t_critical
 from plelab.util.fs import atomic_write_bytes
+from plelab.util.json_values import jsonable as _jsonable
 
 REFERENCE, FAST = "fp32", "bf16-head"
 CURVE_FRACTION = 0.25
@@ -261,16 +262,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 if __name__ == "__main__":

@@ -44,11 +44,11 @@ from typing import Any
 
 from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
-from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
 from plelab.experiments.analysis import SEED_KEY, sample_note
 from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE, VARIANT_KEY
 from plelab.experiments.sweep_store import SweepStore
+from plelab.util.json_values import jsonable
 
 UNIFORM_SHARE = 7 / 8
 """A *uniform* verdict needs Δ on the same side on at least this share of the domains (14 of 16): descriptive."""

@@ -18,12 +18,12 @@ from typing import Any
 
 from plelab import stats
 from plelab.diagnostics import early as E
-from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
 from plelab.experiments.analysis import PAIRED_RULE, analyze_sweep, dose_response, paired_table
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
 from plelab.runs.metrics import read_metrics
+from plelab.util.json_values import jsonable
 
 LAW_FILE = Path(__file__).with_name("deadzone_law.json")
 """The study's measured law and early rule, committed with the package (absent until the study has run)."""

@@ -86,8 +86,8 @@ def _ffn_study() -> Study:
 
 
 def _vision_study() -> Study:
-    from plelab.diagnostics.diagnose import jsonable
     from plelab.experiments import vision_study
+    from plelab.util.json_values import jsonable
 
     def analyse(folder: Path, say: Say, plan: str | Path | None = None,
                 **_: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from plelab import stats
-from plelab.diagnostics.diagnose import jsonable
 from plelab.errors import PlelabError
 from plelab.experiments.ffn_study import load_study
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
 from plelab.util.fs import atomic_write_bytes
+from plelab.util.json_values import jsonable
 from plelab.util.pages import Block, fmt, pm, write_pages
 from plelab.vision.diagnostics import RULES as DIAGNOSTIC_RULES
 from plelab.vision.diagnostics import headline

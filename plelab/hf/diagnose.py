@@ -33,11 +33,12 @@ from plelab.diagnostics import verdict as V
 from plelab.diagnostics.ablation import ABLATION_MODES, compare_losses, injection_hook, pooled_loss, table_hook
 from plelab.diagnostics.batches import token_frequencies, top_tokens
 from plelab.diagnostics.data_sources import DiagnosticDataError
-from plelab.diagnostics.diagnose import DEFINITIONS, THRESHOLDS, jsonable, layer_record
+from plelab.diagnostics.diagnose import DEFINITIONS, THRESHOLDS, layer_record
 from plelab.diagnostics.gates import GATE_NEAR_ZERO, GateAccumulator
 from plelab.diagnostics.table_health import BASELINE_SEED, DEFAULT_TOP_K, compare_to_random
 from plelab.diagnostics.table_health import DEFINITIONS as TABLE_DEFINITIONS
 from plelab.hf.model import HFTextModel
+from plelab.util.json_values import jsonable
 
 HF_NOTES = {
     "gemma3n": "Gemma 3n adds the injection y to its AltUp streams other than the active one; the injection "

@@ -26,7 +26,7 @@ from plelab.diagnostics import verdict as V
 from plelab.diagnostics.ablation import batch_losses, ple_ablated
 from plelab.diagnostics.batches import batches_from_tokens, random_batches
 from plelab.diagnostics.data_sources import FREQ_MAX_TOKENS
-from plelab.diagnostics.diagnose import diagnose_model, jsonable
+from plelab.diagnostics.diagnose import diagnose_model
 from plelab.diagnostics.grads import grad_norm_ratios
 from plelab.diagnostics.injection import probe_layers
 from plelab.diagnostics.model_parts import as_batches, model_device, ple_layers, ple_table, unwrap
@@ -34,6 +34,7 @@ from plelab.diagnostics.run_files import INIT_TABLE_FILE, load_init_table
 from plelab.diagnostics.table_health import DEFAULT_TOP_K
 from plelab.runs.checkpoint import atomic_write_bytes
 from plelab.training.callbacks import Callback, register_callback
+from plelab.util.json_values import jsonable
 
 EARLY_FRACTION = 0.1
 """Default early-warning point, as a fraction of trainer.total_steps."""
