@@ -17,6 +17,13 @@ def plelab(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "plelab", *args], capture_output=True, text=True, timeout=120)
 
 
+def params_json(capsys, *args: str) -> dict:
+    """`plelab params ... --json` in this process (the console entry itself is tested by the text-table test)."""
+    capsys.readouterr()
+    assert main(["params", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_seed_sweep_table_text():
     out = plelab("params", "seed-3b", "--sweep-ple", "0,64,128,256,512")
     assert out.returncode == 0, out.stderr
@@ -24,9 +31,8 @@ def test_seed_sweep_table_text():
         assert figure in out.stdout
 
 
-def test_esp32_json_fields():
-    out = plelab("params", "esp32-28m", "--json", "--export-dtype", "int4")
-    data = json.loads(out.stdout)
+def test_esp32_json_fields(capsys):
+    data = params_json(capsys, "esp32-28m", "--export-dtype", "int4")
     assert data["total"] == 28_869_920
     for key in ("total", "base_total", "ple_table", "ple_model_projection", "ple_per_layer", "ple_added",
                 "active_params_per_token", "inference_bytes", "active_flops"):
@@ -110,8 +116,8 @@ def test_help_has_a_match_example(capsys):
     assert rc == 0 and "--match-ffn inference-bytes" in out and "--quant" in out
 
 
-def test_the_export_encoding_has_one_name_and_the_old_one_still_works():
-    new = json.loads(plelab("params", "esp32-28m", "--json", "--quant", "int8").stdout)
-    old = json.loads(plelab("params", "esp32-28m", "--json", "--export-dtype", "int8").stdout)
+def test_the_export_encoding_has_one_name_and_the_old_one_still_works(capsys):
+    new = params_json(capsys, "esp32-28m", "--quant", "int8")
+    old = params_json(capsys, "esp32-28m", "--export-dtype", "int8")
     assert new == old and new["export_dtype"] == "int8"  # the JSON key is a file format: unchanged
-    assert new["inference_bytes"] < json.loads(plelab("params", "esp32-28m", "--json").stdout)["inference_bytes"]
+    assert new["inference_bytes"] < params_json(capsys, "esp32-28m")["inference_bytes"]

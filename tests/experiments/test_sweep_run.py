@@ -74,6 +74,7 @@ def test_status_json_counts_and_progress(finished_sweep, capsys):
     assert [r["step"] for r in status["runs"]] == [12] * 4
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_kill_9_mid_sweep_then_rerun_finishes_every_run_exactly_once(tiny_data):
     path = write_sweep(tiny_data, '"model.ple.dim" = [0, 8, 16]', max_steps=16, ckpt_every=2)
     sweep = load_sweep(path)

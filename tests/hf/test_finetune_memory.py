@@ -19,6 +19,7 @@ BUDGET = 100 * 10**6
 
 # Not behind the slow marker (~1 minute): the table staying out of RSS while training is the promise of
 # `plelab finetune`, which CI must keep checking.
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_streamed_table_adds_no_resident_memory(tmp_path):
     from bench_finetune_memory import measure

@@ -59,6 +59,7 @@ def test_sigkill_then_resume_gives_the_same_losses_and_adapter(reference, finetu
     assert not list(run.glob(".adapter.*")) and not list((run / "checkpoints").glob(".step_*"))
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_torchrun_ddp_trains_the_adapters_to_the_single_process_losses(reference, finetune_data, tmp_path):
     folder, ref = reference
     data, valid = finetune_data

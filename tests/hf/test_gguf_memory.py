@@ -48,6 +48,7 @@ def wide_gemma4(tmp_path_factory, tokenizer_json):
     return folder
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_export_gguf_of_a_512mib_table_stays_bounded(wide_gemma4, tmp_path):
     import gguf

@@ -89,6 +89,7 @@ def _peak_growth(argv: list[str]) -> dict:
 
 # Not behind the slow marker (~35 s): the bound on memory is a promise of `diagnose --hf` / `export --hf`
 # that CI must keep checking.
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_export_and_diagnose_of_a_1gib_table_stay_bounded(big_gemma4, valid_dir, tmp_path):
     table = (big_gemma4 / "model.safetensors").stat().st_size

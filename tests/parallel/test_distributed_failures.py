@@ -45,6 +45,7 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("plelab train: error:")]
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_kill_9_of_one_rank_stops_the_job_keeps_the_checkpoint_and_resume_continues_exactly(root):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "plelab", "train", "train.toml", "--out", "run", "--quiet"]
@@ -101,6 +102,7 @@ def test_world_size_not_dividing_the_batch_is_one_line_exit_2_and_writes_nothing
     assert not (root / "odd").exists()
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_sharded_checkpoint_with_a_missing_shard_is_refused(root, tmp_path):
     ok(torchrun("train", "train.toml", "--out", "short", "--quiet", "--set", "max_steps=2", cwd=root))
     run = shutil.copytree(root / "short", tmp_path / "short")
@@ -117,6 +119,7 @@ def test_sharded_checkpoint_with_a_missing_shard_is_refused(root, tmp_path):
         {p: t for p, t in before.items() if p.name != ".train.lock"}
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_resume_with_a_changed_model_shape_is_one_line_exit_2(root):
     if not (root / "short").is_dir():
         ok(torchrun("train", "train.toml", "--out", "short", "--quiet", "--set", "max_steps=2", cwd=root))

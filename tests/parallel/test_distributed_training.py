@@ -68,6 +68,7 @@ def test_sharded_table_ends_equal_to_the_one_process_table_and_no_rank_held_all_
         assert chunks == [(0, (rows + 1) // 2), ((rows + 1) // 2, rows // 2)], key  # each rank wrote its half
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_resume_across_world_sizes_gives_the_uninterrupted_losses(runs, tmp_path):
     full = losses(runs / "one")
     two_to_one = rewind(runs / "two", 3, tmp_path / "two_to_one")
@@ -80,6 +81,7 @@ def test_resume_across_world_sizes_gives_the_uninterrupted_losses(runs, tmp_path
         rel_close({s: got[s] for s in (4, 5, 6)}, {s: full[s] for s in (4, 5, 6)})
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_fsdp_gives_the_one_process_losses_and_table(runs):
     ok(torchrun("train", "train.toml", "--out", "fsdp", "--quiet", "--set", "parallel=fsdp", cwd=runs))
     rel_close(losses(runs / "fsdp"), losses(runs / "one"))
@@ -89,6 +91,7 @@ def test_fsdp_gives_the_one_process_losses_and_table(runs):
         torch.testing.assert_close(fsdp.state_dict()[k], v, rtol=1e-4, atol=3e-5, msg=k)
 
 
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
 def test_eval_generate_diagnose_export_accept_a_sharded_checkpoint(runs, tmp_path):
     run = str(runs / "two")
     ok(plelab("eval", run, "--data", str(runs / "valid"), "--max-tokens", "64"))
