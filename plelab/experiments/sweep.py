@@ -44,13 +44,20 @@ import itertools
 import json
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import plelab.vision  # noqa: F401 - registers the [vision] section: sweeps train vision runs too
 from plelab.errors import PlelabError
-from plelab.training.config import TrainConfig, legacy_view, load_train_config, train_config_dict
+from plelab.training.config import (
+    PLUGIN_SECTIONS,
+    TrainConfig,
+    legacy_view,
+    load_train_config,
+    train_config_dict,
+)
 from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, parse_override, read_file, to_dict
 
 SECTIONS = ("sweep", "base", "grid", "variants")
@@ -64,6 +71,10 @@ MATCH_KEY = "match"
 """In a [variants.NAME] table: false keeps the variant's own FFN width under sweep.match_ffn."""
 HASHED_KEYS_V1 = Path(__file__).with_name("hashed_keys_v1.json")
 """The config keys that existed when run hashes were introduced; later keys are hashed only off their default."""
+PLUGIN_KEYS_V1 = frozenset({"vision.corpus", "vision.ple_dim", "vision.aux_weight", "vision.codebook",
+                            "vision.patches", "vision.patch_size"})
+"""The plug-in sections' fields as sweeps first hashed them (the visual PLE study): a field added to a section
+since is hashed only off its default, as for HASHED_KEYS_V1."""
 
 
 @dataclass
@@ -136,9 +147,13 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 @functools.cache
 def _later_defaults() -> dict[str, Any]:
-    """{dotted key: default} of the config fields added to plelab after run hashes were introduced."""
-    known = set(json.loads(HASHED_KEYS_V1.read_text()))
-    defaults = _flatten(json.loads(json.dumps(train_config_dict(TrainConfig()))))
+    """{dotted key: default} of the config fields added to plelab after run hashes were introduced (the plug-in
+    sections' fields too, e.g. vision.pixels: a text TrainConfig does not carry them)."""
+    known = set(json.loads(HASHED_KEYS_V1.read_text())) | PLUGIN_KEYS_V1
+    tree = json.loads(json.dumps(train_config_dict(TrainConfig())))
+    for section, cls in PLUGIN_SECTIONS.items():
+        tree[section] = json.loads(json.dumps(to_dict(typing.get_type_hints(cls)[section]())))
+    defaults = _flatten(tree)
     return {k: v for k, v in defaults.items() if k not in known}
 
 

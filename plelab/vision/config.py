@@ -35,6 +35,10 @@ class VisionConfig:
     aux_weight: float = 0.0
     """lambda of the auxiliary loss that predicts patch p+1's id from the hidden state at patch p (a head
     H -> K); 0 = off. Logged as `patch_id`, apart from the caption loss."""
+    pixels: bool = True
+    """Feed each patch's pixels through the linear patch embedding (the continuous patch path). false = ids only:
+    the image reaches the model through the visual PLE table alone (patch positions carry their position
+    embedding and nothing else), which needs ple_dim > 0."""
     codebook: int | None = None
     """K, the corpus's number of patch ids; None = whatever the corpus has, else checked against it."""
     patches: int | None = None
@@ -52,6 +56,9 @@ class VisionConfig:
         for name in ("patches", "patch_size"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"vision.{name} must be > 0 (or unset), got {getattr(self, name)}")
+        if not self.pixels and not self.ple_dim:
+            raise ConfigError("vision.pixels = false leaves the image only the visual PLE table, and vision.ple_dim "
+                              "is 0: the model would never see the image; set vision.ple_dim > 0")
         if not self.corpus and (self.ple_dim or self.aux_weight):
             raise ConfigError("vision.ple_dim / vision.aux_weight are set but vision.corpus is empty; "
                               "name the prepared corpus folder (vision.corpus = \"DIR\")")

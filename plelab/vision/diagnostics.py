@@ -273,8 +273,8 @@ def initial_table(model: VisionPLEModel, meta: dict[str, Any]) -> tuple[torch.Te
     with torch.random.fork_rng(devices=[]):
         # The Trainer seeds right before building the model; the trunk initialises first, then the vision parts.
         torch.manual_seed(int(train.get("seed", 0)))
-        fresh = VisionPLEModel(model.config, model.patches, model.patch_embed.in_features, model.codebook,
-                               model.aux_weight)
+        fresh = VisionPLEModel(model.config, model.patches, model.patch_pixels, model.codebook,
+                               model.aux_weight, pixels=model.patch_embed is not None)
     table = fresh.visual_table()
     return (None, "no visual PLE") if table is None else (table.detach(), "rebuilt from the run's seed")
 
@@ -305,9 +305,11 @@ def check_corpus_fits(model: VisionPLEModel, facts: dict[str, Any], corpus: str 
     if facts["codebook"] != model.codebook:
         raise PlelabError(f"{where} has a codebook of {facts['codebook']} patch ids; the run's model was trained on "
                           f"{model.codebook}: give the corpus it trained on")
-    if (facts["patches"], facts["patch_pixels"]) != (model.patches, model.patch_embed.in_features):
+    # An ids-only model (no patch embedding) reads no pixels: only its patch count is checked.
+    pixels = model.patch_embed.in_features if model.patch_embed is not None else facts["patch_pixels"]
+    if (facts["patches"], facts["patch_pixels"]) != (model.patches, pixels):
         raise PlelabError(f"{where} cuts images into {facts['patches']} patch(es) of {facts['patch_pixels']} pixels; "
-                          f"the run's model reads {model.patches} patch(es) of {model.patch_embed.in_features}: "
+                          f"the run's model reads {model.patches} patch(es) of {pixels}: "
                           "give the corpus it trained on")
     if facts["caption_vocab"] > model.config.vocab_size:
         raise PlelabError(f"{where} has a caption tokenizer of {facts['caption_vocab']} ids, more than the run's "

@@ -1,6 +1,7 @@
 """The multimodal PLE model: an image's P patches, then its caption, through one decoder.
 
-    x[:P]  = Linear(p*p -> H)(pixels) + pos[:P]            continuous patch embedding, always present
+    x[:P]  = Linear(p*p -> H)(pixels) + pos[:P]            continuous patch embedding (vision.pixels; without
+                                                            it x[:P] = pos[:P]: the image enters by its ids only)
     x[P:]  = embed(caption)                                 the trunk's token embedding
     ple[:P] = PerLayerInputs(patch_ids, x[:P])              visual PLE (only when vision.ple_dim > 0)
     ple[P:] = 0
@@ -66,18 +67,19 @@ class VisionPLEModel(nn.Module):
 
     trunk_config: the trunk's ModelConfig (from `visual_model_config`: its PLE is the visual table);
     patches (P), patch_pixels (p*p) and codebook (K) describe the corpus; aux_weight is lambda of the
-    patch-id loss (0 = no aux head).
+    patch-id loss (0 = no aux head); pixels=False drops the linear patch path (ids-only: the image reaches the
+    model through the visual PLE table alone).
     """
 
     def __init__(self, trunk_config: ModelConfig, patches: int, patch_pixels: int, codebook: int,
-                 aux_weight: float = 0.0, device: torch.device | str | None = None):
+                 aux_weight: float = 0.0, device: torch.device | str | None = None, pixels: bool = True):
         super().__init__()
         self.config = trunk_config  # what checkpoints record as the model
-        self.patches, self.codebook, self.aux_weight = patches, codebook, aux_weight
+        self.patches, self.codebook, self.aux_weight, self.patch_pixels = patches, codebook, aux_weight, patch_pixels
         H = trunk_config.hidden_size
         # The trunk first, so its weights are those of a text model under the same seed.
         self.trunk = LanguageModel(trunk_config, device=device)
-        self.patch_embed = nn.Linear(patch_pixels, H)
+        self.patch_embed = nn.Linear(patch_pixels, H) if pixels else None
         self.patch_pos = nn.Parameter(torch.empty(patches, H))
         self.aux_head = nn.Linear(H, codebook, bias=False) if aux_weight > 0 else None
         self.aux_losses: dict[str, Tensor] = {}
@@ -88,8 +90,9 @@ class VisionPLEModel(nn.Module):
     def reset_parameters(self) -> None:
         """The vision parts ~ N(0, init_std) (bias zero), from the global RNG (the trunk initialises itself)."""
         std = self.config.init_std
-        nn.init.normal_(self.patch_embed.weight, std=std)
-        nn.init.zeros_(self.patch_embed.bias)
+        if self.patch_embed is not None:
+            nn.init.normal_(self.patch_embed.weight, std=std)
+            nn.init.zeros_(self.patch_embed.bias)
         nn.init.normal_(self.patch_pos, std=std)
         if self.aux_head is not None:
             nn.init.normal_(self.aux_head.weight, std=std)
@@ -108,7 +111,8 @@ class VisionPLEModel(nn.Module):
 
     def hidden_states(self, batch: VisionBatch) -> Tensor:
         """Final normed hidden states (B, P + T, H) of the patches followed by the caption."""
-        patches = self.patch_embed(batch.pixels) + self.patch_pos
+        pos = self.patch_pos.expand(batch.patch_ids.shape[0], -1, -1)
+        patches = self.patch_embed(batch.pixels) + pos if self.patch_embed is not None else pos
         x = torch.cat([patches, self.trunk.embed(batch.captions)], dim=1)
         ple = None
         if self.visual_ple is not None:
@@ -139,15 +143,15 @@ class VisionPLEModel(nn.Module):
 
 
 def vision_param_counts(model: ModelConfig, ple_dim: int, codebook: int, patches: int, patch_pixels: int,
-                        aux: bool) -> dict[str, int]:
+                        aux: bool, pixels: bool = True) -> dict[str, int]:
     """Exact parameter counts of a VisionPLEModel without building it: `count_params` of the trunk with its
     visual table (whose PLE parts are the visual PLE: `ple_added`), plus the patch embedding, the patch
-    positions and the aux head, which are in `total` and `base_total` alike."""
+    positions and the aux head, which are in `total` and `base_total` alike (no patch embedding when ids-only)."""
     from plelab.model.params import count_params
 
     counts = count_params(visual_model_config(model, ple_dim, codebook))
     H = model.hidden_size
-    vision_parts = patch_pixels * H + H + patches * H + (H * codebook if aux else 0)
+    vision_parts = (patch_pixels * H + H if pixels else 0) + patches * H + (H * codebook if aux else 0)
     counts["vision_inputs"] = vision_parts
     counts["total"] += vision_parts
     counts["base_total"] += vision_parts

@@ -40,4 +40,4 @@ class VisionTrainConfig(TrainConfig, section="vision"):
 
         f = corpus_facts(open_corpus(self.vision.corpus, "valid"))
         return vision_param_counts(self.model, self.vision.ple_dim, f["codebook"], f["patches"], f["patch_pixels"],
-                                   self.vision.aux_weight > 0)
+                                   self.vision.aux_weight > 0, self.vision.pixels)

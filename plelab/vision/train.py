@@ -94,7 +94,7 @@ class VisionTrainer(Trainer):
         facts = self.data.facts
         trunk = visual_model_config(model_config_for(cfg), cfg.vision.ple_dim, facts["codebook"])
         return VisionPLEModel(trunk, facts["patches"], facts["patch_pixels"], facts["codebook"],
-                              cfg.vision.aux_weight, device=self.device)
+                              cfg.vision.aux_weight, device=self.device, pixels=cfg.vision.pixels)
 
 
 def load_vision_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[VisionPLEModel, dict[str, Any]]:
@@ -110,11 +110,13 @@ def load_vision_model(path: str | Path, device: str | torch.device = "cpu") -> t
     except (ConfigError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{ckpt}/config.json has an invalid model config: {exc}") from exc
     # P and p*p are the corpus's; the weights carry them, so the corpus need not be at hand.
+    pixels = bool(vision.get("pixels", True))
     with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
         patches = f.get_slice("patch_pos").get_shape()[0]
-        patch_pixels = f.get_slice("patch_embed.weight").get_shape()[1]
+        patch_pixels = f.get_slice("patch_embed.weight").get_shape()[1] if pixels else 0
     with torch.device("meta"):
-        model = VisionPLEModel(trunk, patches, patch_pixels, trunk.ple_vocab_size, float(vision.get("aux_weight", 0)))
+        model = VisionPLEModel(trunk, patches, patch_pixels, trunk.ple_vocab_size, float(vision.get("aux_weight", 0)),
+                               pixels=pixels)
     model.load_state_dict(read_weights(ckpt, model, device), assign=True)
     # Non-persistent buffers (RoPE tables) were created on meta; rebuild them for real.
     model.trunk.rope_cos, model.trunk.rope_sin = model.trunk.rope_buffers(trunk, device)

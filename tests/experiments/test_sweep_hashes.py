@@ -25,3 +25,14 @@ def test_sweep_run_names_and_config_hashes_are_unchanged(name, tmp_path):
     sweep = load_sweep(REPO / "configs" / "sweeps" / name, out=tmp_path / "out")
     assert {p.name: p.config_hash for p in sweep.points} == RECORDED[name]
     assert [p.name for p in sweep.points] == list(RECORDED[name])
+
+
+def test_a_field_added_to_the_vision_section_is_hashed_only_off_its_default():
+    from plelab.experiments.sweep import config_hash
+
+    sweep = load_sweep(REPO / "configs" / "sweeps" / "visual-ple-study.toml", out=Path("/tmp/unused"))
+    cfg = sweep.points[0].config_dict()
+    assert cfg["vision"]["pixels"] is True
+    without = {**cfg, "vision": {k: v for k, v in cfg["vision"].items() if k != "pixels"}}
+    assert config_hash(cfg) == config_hash(without)
+    assert config_hash({**cfg, "vision": {**cfg["vision"], "pixels": False}}) != config_hash(cfg)

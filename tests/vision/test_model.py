@@ -131,3 +131,27 @@ def test_analytic_parameter_counts_match_the_built_model(ple_dim, aux_weight):
     table_and_injection = sum(p.numel() for n, p in model.named_parameters()
                               if ".ple." in n or n.startswith("trunk.per_layer_inputs."))
     assert counts["ple_added"] == (table_and_injection if visual is not None else 0)
+
+
+def test_ids_only_model_sees_the_image_through_its_ids_alone():
+    """pixels=False: no patch embedding; the pixels cannot change a logit, the patch ids do."""
+    torch.manual_seed(0)
+    base = ModelConfig(vocab_size=VOCAB, hidden_size=H, num_layers=2, num_heads=2, max_seq_len=8, kernels="off")
+    model = VisionPLEModel(visual_model_config(base, 8, K), P, PATCH * PATCH, K, pixels=False).eval()
+    assert model.patch_embed is None
+    inputs, _ = batch()
+    with torch.no_grad():
+        ref = model.hidden_states(inputs)
+        other_pixels = inputs._replace(pixels=torch.rand_like(inputs.pixels))
+        assert torch.equal(model.hidden_states(other_pixels), ref)
+        other_ids = inputs._replace(patch_ids=(inputs.patch_ids + 1) % K)
+        assert not torch.allclose(model.hidden_states(other_ids), ref)
+    counts = vision_param_counts(base, 8, K, P, PATCH * PATCH, False, pixels=False)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    with_pixels = vision_param_counts(base, 8, K, P, PATCH * PATCH, False)
+    assert with_pixels["total"] - counts["total"] == PATCH * PATCH * H + H
+
+
+def test_ids_only_needs_a_visual_table():
+    with pytest.raises(ConfigError, match="vision.ple_dim"):
+        VisionConfig(corpus="c", ple_dim=0, pixels=False)

@@ -206,3 +206,21 @@ def test_planted_captions_make_the_aux_loss_model_learn_a_structured_table(plant
         table.copy_(table[torch.roll(torch.arange(K), 1)])
     shuffled = caption_loss(trainer.model, trainer.data, batch_size=64)["loss"]
     assert shuffled > base + 0.5, (shuffled, base)
+
+
+def test_an_ids_only_run_trains_reloads_and_diagnoses(planted_corpus, tmp_path, capsys):
+    """vision.pixels = false: no patch embedding is trained or saved; the run reloads (its config says ids-only)
+    and `plelab vision diagnose` reads it against its corpus."""
+    from plelab.cli.main import main
+
+    cfg = vision_config(planted_corpus, vision={"ple_dim": 8, "pixels": False}, max_steps=20)
+    final = VisionTrainer(cfg, tmp_path / "run", quiet=True).run()
+    model, meta = load_vision_model(tmp_path / "run")
+    assert model.patch_embed is None and meta["train"]["vision"]["pixels"] is False
+    assert not any(name.startswith("patch_embed") for name, _ in model.named_parameters())
+    data = VisionTrainer(cfg, tmp_path / "again", quiet=True).data
+    assert caption_loss(model, data, batch_size=64)["loss"] == pytest.approx(final["final_eval"]["macro"]["loss"],
+                                                                            rel=1e-5)
+    capsys.readouterr()
+    assert main(["vision", "diagnose", str(tmp_path / "run"), "--corpus", str(planted_corpus), "--json"]) == 0
+    assert "verdict" in capsys.readouterr().out
