@@ -12,13 +12,13 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
+from plelab.util.cbuild import CBuildError, c_compiler
 
 C_DIR = Path(__file__).with_name("c")
 LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_kernels.c")
@@ -35,11 +35,11 @@ class CEngineError(PlelabError):
 
 
 def compiler() -> str:
-    """The C compiler: $CC, else cc / gcc / clang from PATH."""
-    for cc in [os.environ.get("CC")] + ["cc", "gcc", "clang"]:
-        if cc and shutil.which(shlex.split(cc)[0]):
-            return cc
-    raise CEngineError("no C compiler found (install gcc or clang, or set CC) to use the C engine")
+    """The C compiler: $CC, else cc / gcc / clang from PATH (plelab.util.cbuild.c_compiler)."""
+    try:
+        return c_compiler()
+    except CBuildError:
+        raise CEngineError("no C compiler found (install gcc or clang, or set CC) to use the C engine") from None
 
 
 def _cache_root() -> Path:
