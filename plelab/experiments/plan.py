@@ -18,6 +18,11 @@ the registered plan (`evaluate_plan`) and labels everything else it prints post 
     metric = "val"                  # an evaluation domain, or "macro" (the domains other than the held-out split)
     predicted = "worse"
     decisions = { worse = "the FFN matters here: run MGLU", "not resolved" = "...", equivalent = "..." }
+    [[plan.interactions]]           # does an effect differ between two conditions? (difference of differences)
+    name = "harm_grows_with_passes"
+    of = "random_vs_none_6pass"     # two registered comparisons on the same metric and seeds:
+    minus = "random_vs_none_1pass"  # per seed, of's delta minus minus's delta
+    predicted = "worse"             # of's delta is larger (positive = worse, as for a loss)
 
 The canonical hash is taken over the parsed plan (sorted JSON), so comments and layout can change, content cannot.
 """
@@ -109,6 +114,31 @@ class DoseResponse:
 
 
 @dataclass
+class Interaction:
+    """A difference of two registered comparisons' deltas, seed by seed: does an effect change with a condition?"""
+
+    name: str = ""
+    """A short name."""
+    of: str = ""
+    """The comparison whose per-seed delta comes first."""
+    minus: str = ""
+    """The comparison whose per-seed delta is subtracted (both must be on one metric, paired by seed)."""
+    margin: float = 0.0
+    """Equivalence margin for the difference; 0 = the plan's margin (and with none, equivalence is not tested)."""
+    predicted: str = ""
+    """worse (of's delta is the larger), better (the smaller), equivalent, or ""."""
+    decisions: dict[str, str] = field(default_factory=dict)
+    """Outcome -> what the study then does or concludes."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("every interaction needs a name")
+        if not self.of or not self.minus or self.of == self.minus:
+            raise ConfigError(f"interaction {self.name}: name two different registered comparisons (of, minus)")
+        _check_common(f"interaction {self.name}", self.margin, self.predicted, self.decisions)
+
+
+@dataclass
 class AnalysisPlan:
     """A study's analysis plan (the [plan] table)."""
 
@@ -132,6 +162,8 @@ class AnalysisPlan:
     """The registered comparisons."""
     dose_responses: list[DoseResponse] = field(default_factory=list)
     """The registered dose-responses."""
+    interactions: list[Interaction] = field(default_factory=list)
+    """The registered interactions (differences of two comparisons)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -144,9 +176,18 @@ class AnalysisPlan:
             raise ConfigError("plan.margin and plan.effect_of_interest must be >= 0, plan.trained_tolerance > 0")
         if not 0 < self.power < 1:
             raise ConfigError(f"plan.power must be in (0, 1), got {self.power}")
-        names = [c.name for c in self.comparisons] + [d.name for d in self.dose_responses]
+        names = [c.name for c in self.comparisons] + [d.name for d in self.dose_responses] + [
+            i.name for i in self.interactions]
         if len(set(names)) != len(names):
-            raise ConfigError(f"plan: comparison / dose_response names must be unique, got {names}")
+            raise ConfigError(f"plan: comparison / dose_response / interaction names must be unique, got {names}")
+        by_name = {c.name: c for c in self.comparisons}
+        for i in self.interactions:
+            missing = [n for n in (i.of, i.minus) if n not in by_name]
+            if missing:
+                raise ConfigError(f"interaction {i.name}: {', '.join(missing)} is not a registered comparison")
+            if by_name[i.of].metric != by_name[i.minus].metric:
+                raise ConfigError(f"interaction {i.name}: {i.of} and {i.minus} are on different metrics "
+                                  f"({by_name[i.of].metric} / {by_name[i.minus].metric})")
         if not names:
             raise ConfigError("plan: register at least one comparison or dose_response")
 
@@ -172,9 +213,14 @@ def load_plan(source: str | Path | dict[str, Any]) -> AnalysisPlan:
     return from_dict(AnalysisPlan, data["plan"], prefix="plan.")
 
 
+LATER_FIELDS = ("interactions",)
+"""Plan fields added after plans were first registered: hashed only when set, so a registered plan keeps its hash."""
+
+
 def plan_hash(plan: AnalysisPlan) -> str:
     """sha256 of the parsed plan in canonical JSON: what is registered, and what a change is measured on."""
-    return hashlib.sha256(json.dumps(to_dict(plan), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    canonical = {k: v for k, v in to_dict(plan).items() if not (k in LATER_FIELDS and not v)}
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def register_plan(store: Any, plan: AnalysisPlan, source: str) -> dict[str, Any]:
@@ -246,7 +292,7 @@ def _per_seed(runs: Sequence[dict[str, Any]], evals: dict[str, Any], variant: st
     return out
 
 
-def _result(item: Any, test: dict[str, Any], kind: str, extra: dict[str, Any]) -> dict[str, Any]:
+def _result(item: Any, metric: str, test: dict[str, Any], kind: str, extra: dict[str, Any]) -> dict[str, Any]:
     outcome = test["outcome"]
     decision = item.decisions.get(outcome)
     if decision is None and outcome.endswith("within margin"):
@@ -257,8 +303,24 @@ def _result(item: Any, test: dict[str, Any], kind: str, extra: dict[str, Any]) -
         verdict = "unresolved"
     else:
         verdict = "hit" if outcome in HITS[item.predicted] else "miss"
-    return {"name": item.name, "kind": kind, "metric": item.metric, **extra, "test": test, "outcome": outcome,
+    return {"name": item.name, "kind": kind, "metric": metric, **extra, "test": test, "outcome": outcome,
             "predicted": item.predicted or None, "prediction": verdict, "decision": decision}
+
+
+def _comparison_deltas(plan: AnalysisPlan, runs: Sequence[dict[str, Any]], evals: dict[str, Any],
+                       notes: list[str]) -> dict[str, dict[str, Any]]:
+    """{comparison name: stats.paired(reference, arm) + its metric}, for every registered comparison."""
+    out = {}
+    for c in plan.comparisons:
+        arm = _per_seed(runs, evals, c.variant, c.where, c.metric, notes, c.name)
+        ref = _per_seed(runs, evals, c.reference, c.reference_where, c.metric, notes, c.name)
+        out[c.name] = {**stats.paired(ref, arm), "metric": c.metric}
+    return out
+
+
+def _interaction_deltas(i: Interaction, deltas_of: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per seed, of's delta minus minus's delta (the seeds both comparisons paired)."""
+    return stats.paired(deltas_of[i.minus]["per_seed"], deltas_of[i.of]["per_seed"])
 
 
 def evaluate_plan(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any]],
@@ -270,12 +332,11 @@ def evaluate_plan(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, 
     if isinstance(plan, dict):
         plan = from_dict(AnalysisPlan, plan, prefix="plan.")
     notes: list[str] = []
-    items: list[tuple[Any, str, dict[str, Any], dict[str, Any]]] = []
+    items: list[tuple[Any, str, str, dict[str, Any], dict[str, Any]]] = []
+    deltas_of = _comparison_deltas(plan, runs, evals, notes)
     for c in plan.comparisons:
-        arm = _per_seed(runs, evals, c.variant, c.where, c.metric, notes, c.name)
-        ref = _per_seed(runs, evals, c.reference, c.reference_where, c.metric, notes, c.name)
-        d = stats.paired(ref, arm)
-        items.append((c, "comparison", {"n": d["n"], "mean": d["mean"], "se": d["se"]},
+        d = deltas_of[c.name]
+        items.append((c, c.metric, "comparison", {"n": d["n"], "mean": d["mean"], "se": d["se"]},
                       {"per_seed": d["per_seed"], "seeds": d["seeds"]}))
     for r in plan.dose_responses:
         by_dose: dict[float, dict[Any, float]] = {}
@@ -289,15 +350,19 @@ def evaluate_plan(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, 
         base = by_dose.get(float(r.reference_dose), {})
         deltas = {x: stats.paired(base, v)["per_seed"] for x, v in by_dose.items() if x != float(r.reference_dose)}
         dr = stats.dose_response(deltas)
-        items.append((r, "dose_response", {"n": dr["n"], "mean": dr["mean"], "se": dr["se"]},
+        items.append((r, r.metric, "dose_response", {"n": dr["n"], "mean": dr["mean"], "se": dr["se"]},
                       {"per_seed_slope": dr["per_seed"], "doses": dr["doses"]}))
-    raw = [stats.t_test(s["mean"], s["se"], s["n"])["p"] for _, _, s, _ in items]
+    for i in plan.interactions:
+        d = _interaction_deltas(i, deltas_of)
+        items.append((i, deltas_of[i.of]["metric"], "interaction", {"n": d["n"], "mean": d["mean"], "se": d["se"]},
+                      {"per_seed": d["per_seed"], "seeds": d["seeds"], "of": i.of, "minus": i.minus}))
+    raw = [stats.t_test(s["mean"], s["se"], s["n"])["p"] for _, _, _, s, _ in items]
     adjusted = stats.holm(raw, plan.alpha)["adjusted"] if plan.correction == "holm" else raw
     results = []
-    for (item, kind, s, extra), p in zip(items, adjusted, strict=True):
+    for (item, metric, kind, s, extra), p in zip(items, adjusted, strict=True):
         margin = item.margin or plan.margin or None
         test = stats.compare(s["mean"], s["se"], s["n"], margin, plan.alpha, p=p)
-        results.append(_result(item, test, kind, extra))
+        results.append(_result(item, metric, test, kind, extra))
     return {"name": plan.name, "question": plan.question, "alpha": plan.alpha, "correction": plan.correction,
             "margin": plan.margin or None, "results": results, "notes": notes}
 
@@ -311,7 +376,7 @@ def plan_margin(analysis: dict[str, Any] | None) -> tuple[float | None, float]:
 # ------------------------------------------------------------------------------------------------ power
 def plan_power(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any]],
                evals: dict[str, dict[str, dict[str, Any]]], seeds: int) -> dict[str, Any]:
-    """Power of each registered comparison at `seeds` seeds, from the seed spread of the pilot runs given.
+    """Power of each registered comparison and interaction at `seeds` seeds, from the pilot runs' seed spread.
 
     runs / evals: the pilot's (a finished sweep, or the study's own first seeds). A comparison the pilot cannot
     pair (no runs of one side) gets no estimate. Effect: plan.effect_of_interest; margin: the comparison's or
@@ -320,14 +385,13 @@ def plan_power(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any
     if isinstance(plan, dict):
         plan = from_dict(AnalysisPlan, plan, prefix="plan.")
     rows = []
-    for c in plan.comparisons:
-        notes: list[str] = []
-        arm = _per_seed(runs, evals, c.variant, c.where, c.metric, notes, c.name)
-        ref = _per_seed(runs, evals, c.reference, c.reference_where, c.metric, notes, c.name)
-        d = stats.paired(ref, arm)
+    deltas_of = _comparison_deltas(plan, runs, evals, [])
+    named = [(c, deltas_of[c.name]) for c in plan.comparisons] + [
+        (i, {**_interaction_deltas(i, deltas_of), "metric": deltas_of[i.of]["metric"]}) for i in plan.interactions]
+    for c, d in named:
         ok = d["n"] >= 2 and _finite(d["sd"]) and d["sd"] > 0
         margin = c.margin or plan.margin or None
-        rows.append({"name": c.name, "metric": c.metric, "pilot_n": d["n"], "pilot_mean": d["mean"],
+        rows.append({"name": c.name, "metric": d["metric"], "pilot_n": d["n"], "pilot_mean": d["mean"],
                      "power": stats.plan_power(d["sd"], seeds, plan.effect_of_interest or None, margin, plan.alpha,
                                                plan.power) if ok else None})
     return {"seeds": seeds, "alpha": plan.alpha, "target": plan.power, "effect_of_interest":

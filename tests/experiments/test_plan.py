@@ -152,3 +152,80 @@ def test_power_from_a_pilot(tmp_path, capsys):
     assert not (tmp_path / "big").exists()  # nothing trained, nothing written
     assert main(["sweep", str(sweep), "--power"]) == 2  # no pilot folder yet: one line
     assert "run a pilot first" in capsys.readouterr().err
+
+
+def _passes_study(harm_6: dict[int, float], harm_1: dict[int, float]) -> tuple[list, dict]:
+    """Runs of none / random at two lengths, seeds 1-4: random's caption loss is none's plus the given harm."""
+    runs, evals = [], {}
+    for seed in harm_6:
+        for length, harm in (("p6", harm_6), ("p1", harm_1)):
+            base = 1.0 + 0.05 * seed + (0.3 if length == "p1" else 0.0)  # seeds and lengths differ a lot
+            for arm, loss in (("none", base), ("random", base + harm[seed])):
+                name = f"{arm}-{length}-{seed}"
+                runs.append({"name": name, "status": "done", "seed": seed, "point": {"variant": f"{arm}-{length}"}})
+                evals[name] = {"captions": {"loss": loss}}
+    return runs, evals
+
+
+INTERACTION_PLAN = {"name": "passes", "margin": 0.01, "comparisons": [
+    {"name": "harm6", "variant": "random-p6", "reference": "none-p6", "metric": "captions"},
+    {"name": "harm1", "variant": "random-p1", "reference": "none-p1", "metric": "captions"}],
+    "interactions": [{"name": "grows", "of": "harm6", "minus": "harm1", "predicted": "worse",
+                      "decisions": {"worse": "the harm grows with repetition"}}]}
+
+
+def test_an_interaction_is_the_per_seed_difference_of_two_comparisons():
+    # harm at 6 passes 0.016 + noise, at 1 pass 0.001 + other noise: the difference is per seed, not of the means
+    harm6 = {1: 0.015, 2: 0.018, 3: 0.016, 4: 0.015}
+    harm1 = {1: 0.000, 2: 0.003, 3: 0.001, 4: 0.000}
+    ev = evaluate_plan(INTERACTION_PLAN, *_passes_study(harm6, harm1))
+    h6, h1, grows = ev["results"]  # comparisons, then dose-responses, then interactions
+    assert grows["kind"] == "interaction" and grows["metric"] == "captions"
+    assert grows["per_seed"] == pytest.approx({s: harm6[s] - harm1[s] for s in harm6})
+    assert grows["test"]["mean"] == pytest.approx(0.015)
+    # per seed the difference is 0.015 exactly: a mean difference of 0.015 with s.e. 0 is resolved
+    assert grows["outcome"] == "worse" and grows["prediction"] == "hit"
+    assert grows["decision"] == "the harm grows with repetition"
+    assert len(ev["results"]) == 3 and h1["test"]["mean"] == pytest.approx(0.001)
+    # the same harm at both lengths: no interaction, and within the 0.01 margin it is equivalent
+    same = evaluate_plan(INTERACTION_PLAN, *_passes_study(harm6, harm6))
+    assert same["results"][2]["outcome"] == "equivalent" and same["results"][2]["prediction"] == "miss"
+
+
+def test_an_interaction_counts_in_the_holm_family_and_in_the_power_estimate():
+    runs, evals = _passes_study({1: 0.015, 2: 0.02, 3: 0.01, 4: 0.016}, {1: 0.0, 2: 0.004, 3: 0.001, 4: -0.002})
+    ev = evaluate_plan(INTERACTION_PLAN, runs, evals)
+    assert all(r["test"]["p_used"] >= r["test"]["p"] for r in ev["results"])
+    assert max(r["test"]["p_used"] for r in ev["results"]) > min(r["test"]["p"] for r in ev["results"])
+    from plelab.experiments.plan import plan_power
+    power = plan_power(INTERACTION_PLAN, runs, evals, 5)
+    assert [r["name"] for r in power["comparisons"]] == ["harm6", "harm1", "grows"]
+    assert power["comparisons"][2]["pilot_n"] == 4 and power["comparisons"][2]["power"]["n"] == 5
+
+
+def test_bad_interactions_are_refused_with_one_line():
+    comps = INTERACTION_PLAN["comparisons"]
+    for inter, match in (({"name": "i", "of": "harm6", "minus": "nope"}, "nope is not a registered comparison"),
+                         ({"name": "i", "of": "harm6", "minus": "harm6"}, "two different"),
+                         ({"name": "harm6", "of": "harm6", "minus": "harm1"}, "unique")):
+        with pytest.raises(ConfigError, match=match):
+            load_plan({"plan": {"name": "x", "comparisons": comps, "interactions": [inter]}})
+    other = [comps[0], {**comps[1], "metric": "val"}]
+    with pytest.raises(ConfigError, match="different metrics"):
+        load_plan({"plan": {"name": "x", "comparisons": other, "interactions": [INTERACTION_PLAN["interactions"][0]]}})
+
+
+# The sha256 each committed plan was registered (or would be registered) under. A field added to the plan later
+# must not change these: a sweep resumed with newer code would otherwise refuse its own registered plan.
+REGISTERED_PLAN_HASHES = {
+    "deadzone-tokens": "132455fb3050b45d3c4c444e2b0eae2eba11434615357a53f355967dae02b3b3",  # registered 2026-12-02
+    "deadzone-law": "f91da1adc79e00036cb5e1d1afb6a321ea5cb91fe05d46731855926834f46a38",
+    "ffn-study": "2a8ff63a6ce08b4050d6cc24d9ada460a09659e19711a501a7033eaa39861285",
+    "visual-ple-study": "1061c28ff9143f4de6751c4cef828bdb4d569acf9b4f43a48915a239a46f3a4f",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGISTERED_PLAN_HASHES))
+def test_committed_plans_keep_their_registered_hash(name):
+    root = Path(__file__).resolve().parents[2] / "configs" / "plans"
+    assert plan_hash(load_plan(root / f"{name}.toml")) == REGISTERED_PLAN_HASHES[name]
