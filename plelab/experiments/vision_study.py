@@ -77,10 +77,21 @@ def config_facts(config: dict[str, Any], corpora: dict[str, dict[str, Any]]) -> 
     manifest = corpora.get(corpus) or {}
     report = manifest.get("codebook_report") or {}
     ple_dim = int(vision.get("ple_dim") or 0)
-    return {"corpus": corpus, "tokenizer": manifest.get("tokenizer_kind") if ple_dim else None,
+    return {"corpus": corpus, "setting": _setting(config), "max_steps": (config or {}).get("max_steps"),
+            "tokenizer": manifest.get("tokenizer_kind") if ple_dim else None,
             "ple_dim": ple_dim, "aux_weight": float(vision.get("aux_weight") or 0.0),
             "mi_bits": report.get("mi_bits"), "mi_floor": report.get("mi_bits_random"),
             "usage_perplexity": report.get("usage_perplexity")}
+
+
+def _setting(config: dict[str, Any]) -> str:
+    """Everything a run config sets except the seed and the visual PLE itself (corpus, dP, lambda): configs with
+    the same setting differ only in their table (e.g. the same length and the same pixel path), so only they
+    are paired as fix and reference, or as config and random-id control."""
+    rest = {k: v for k, v in (config or {}).items() if k not in ("seed", "out_dir")}
+    rest["vision"] = {k: v for k, v in (rest.get("vision") or {}).items()
+                      if k not in ("corpus", "ple_dim", "aux_weight")}
+    return json.dumps(rest, sort_keys=True, default=str)
 
 
 def _table_summary(diags: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -115,13 +126,24 @@ def analyze_vision_study(finals: dict[str, dict[int, dict[str, dict[str, float]]
     diagnostics: {variant: {seed: diagnose_run(...)}}.
     """
     losses = {v: {s: e[DOMAIN]["loss"] for s, e in finals.get(v, {}).items() if DOMAIN in e} for v in variants}
+    # Each config's "no visual PLE" reference is the no-table config of its own setting (its length, its pixel
+    # path) when the sweep has one, else one of its length, else the sweep's baseline.
+    bare = [v for v in variants if not facts.get(v, {}).get("ple_dim")]
+    same_length = {facts.get(v, {}).get("max_steps"): v for v in reversed(bare)}
+    no_table = {facts.get(v, {}).get("setting"): v for v in bare}
     rows = {}
     for v in variants:
         mean, se = stats.mean_se(list(losses[v].values())) if losses[v] else (None, None)
         row: dict[str, Any] = {"variant": v, **facts.get(v, {}), "n": len(losses[v]), "loss": mean, "loss_se": se,
                                "per_seed": losses[v]}
+        mine = facts.get(v, {})
+        ref = no_table.get(mine.get("setting")) or (same_length.get(mine.get("max_steps"))
+                                                     if mine.get("max_steps") is not None else None) or baseline
+        if ref == v:
+            ref = baseline
         if v != baseline:
-            d = stats.paired(losses.get(baseline, {}), losses[v])
+            row["reference"] = ref
+            d = stats.paired(losses.get(ref, {}), losses[v])
             test = stats.t_test(d["mean"], d["se"], d["n"])
             row.update(delta=d["mean"] if d["n"] else None, delta_se=d["se"], delta_n=d["n"], delta_p=test["p"],
                        delta_ci95=stats.t_interval(d["mean"], d["se"], d["n"]))
@@ -130,11 +152,14 @@ def analyze_vision_study(finals: dict[str, dict[int, dict[str, dict[str, float]]
         row["change_rank"] = {s: _rank_fraction(x) for s, x in seeds.items() if _finite(_rank_fraction(x))}
         rows[v] = row
     _holm_helps(rows, baseline)
-    control = next((v for v, r in rows.items() if r.get("tokenizer") == "random" and r.get("ple_dim")
-                    and not r.get("aux_weight")), None)
+    controls = {r.get("setting"): v for v, r in rows.items() if r.get("tokenizer") == "random" and r.get("ple_dim")
+                and not r.get("aux_weight")}
+    control = next(iter(controls.values()), None)
     for v, row in rows.items():
-        if control and v != control and row["change_rank"]:
-            row["vs_control"] = _structure_test(rows[control]["change_rank"], row["change_rank"])
+        mine = controls.get(row.get("setting"))
+        if mine and v != mine and row["change_rank"]:
+            row["control"] = mine
+            row["vs_control"] = _structure_test(rows[mine]["change_rank"], row["change_rank"])
     best = _best_tokenizer(rows, baseline)
     fixes = [_fix_effect(rows, v, baseline) for v in variants if rows[v].get("aux_weight")]
     analysis = {"baseline": baseline, "variants": list(variants), "rows": rows, "control": control,
@@ -187,7 +212,7 @@ def _fix_effect(rows: dict[str, dict[str, Any]], variant: str, baseline: str) ->
     """The aux-loss config against the same corpus without the aux loss, and against no visual PLE."""
     row = rows[variant]
     ref = next((r for v, r in rows.items() if v != baseline and r.get("corpus") == row.get("corpus")
-                and r.get("ple_dim") and not r.get("aux_weight")), None)
+                and r.get("setting") == row.get("setting") and r.get("ple_dim") and not r.get("aux_weight")), None)
     mine = (row.get("table") or {}).get("structured")
     theirs = (ref.get("table") or {}).get("structured") if ref else None
     vs_ref = stats.paired(ref["per_seed"], row["per_seed"]) if ref else None
@@ -362,10 +387,13 @@ def loss_blocks(a: dict[str, Any]) -> list[Block]:
     """Caption loss per config and Δ vs no visual PLE."""
     rows = [[r["variant"], r.get("tokenizer") or "-", str(r.get("ple_dim") or 0), fmt(r.get("aux_weight"), "g"),
              fmt(r.get("mi_bits"), ".3f"), str(r["n"]), pm(r["loss"], r["loss_se"]),
-             "reference" if v == a["baseline"] else _delta(r)] for v, r in a["rows"].items()]
+             "reference" if v == a["baseline"] else f"{r.get('reference', a['baseline'])}: {_delta(r)}"]
+            for v, r in a["rows"].items()]
     return [("h", 2, "Caption loss"),
+            ("p", f"Δ is paired by seed against the config without visual PLE of the same setting (length, pixel "
+                  f"path) when the sweep has one, else one of the same length, else {a['baseline']}."),
             ("table", ["config", "visual tokenizer", "dP", "aux λ", "MI(id; digit) bits", "seeds",
-                       "caption loss (nats/token, ± s.e.)", f"Δ vs {a['baseline']} (paired, ± s.e.)"], rows)]
+                       "caption loss (nats/token, ± s.e.)", "Δ vs no visual PLE (paired, ± s.e.)"], rows)]
 
 
 def table_blocks(a: dict[str, Any]) -> list[Block]:
@@ -388,7 +416,8 @@ def table_blocks(a: dict[str, Any]) -> list[Block]:
                     ("table", ["config", "mean |cos| (random)", "mean cos", "effective rank (random)",
                                "PC1 variance (random)"], rows)]
     rows = [[v, t["structured"] or "-", f"{t['random_like_seeds']}/{t['diagnosed']}",
-             _vs(r.get("vs_control")), ", ".join(f"{n} {k}" for k, n in sorted(t["verdicts"].items())),
+             f"{r['control']}: {_vs(r['vs_control'])}" if r.get("vs_control") else "-",
+             ", ".join(f"{n} {k}" for k, n in sorted(t["verdicts"].items())),
              pm(t["ablation_delta"], t["ablation_se"]), fmt(t["injection_ratio"], ".3f")]
             for v, r in a["rows"].items() if (t := r.get("table"))]
     if rows:
@@ -396,7 +425,7 @@ def table_blocks(a: dict[str, Any]) -> list[Block]:
                       "in the effective-rank fraction of the centred change since initialisation (negative = more "
                       "structure than random ids), and whether it is significant (rules below)."),
                 ("table", ["config", "table vs Gaussian", "random-like seeds",
-                           f"vs control {a.get('control') or '-'} (Δ rank fraction ± s.e.)", "verdicts",
+                           "vs its random-id control (same setting; Δ rank fraction ± s.e.)", "verdicts",
                            "ablation Δ (± s.e. over seeds)", "injection ratio at patches"], rows)]
     return out
 
@@ -476,14 +505,14 @@ def vision_figures(a: dict[str, Any]) -> dict[str, bytes]:
         x = list(range(len(rows)))
         ax.errorbar(x, [r["delta"] for r in rows], yerr=[_nan0(r.get("delta_se")) for r in rows], fmt="o",
                     color="k", capsize=4, zorder=3)
-        base = a["rows"].get(a["baseline"], {}).get("per_seed", {})
         for i, r in enumerate(rows):
+            base = a["rows"].get(r.get("reference", a["baseline"]), {}).get("per_seed", {})
             seeds = [r["per_seed"][s] - base[s] for s in r["per_seed"] if s in base]
             ax.scatter([i] * len(seeds), seeds, s=12, color="0.55", zorder=2)
         ax.axhline(0, color="k", lw=0.8)
         ax.axhspan(-0.002, 0.002, color="tab:red", alpha=0.12, label="published |Δ| ≤ 0.002")
         ax.set_xticks(x, [r["variant"] for r in rows], rotation=30, ha="right")
-        ax.set_ylabel(f"caption loss − {a['baseline']} (nats/token)")
+        ax.set_ylabel("caption loss − no visual PLE (nats/token)")
         ax.set_title("Δ caption loss vs no visual PLE (negative = visual PLE helps)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

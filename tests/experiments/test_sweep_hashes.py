@@ -1,7 +1,8 @@
 """Every committed sweep file still names the same runs with the same config hashes, so every existing sweep
 folder's results and checkpoints stay matched to their runs (committed_sweep_hashes.json was written by plelab
 at commit aebcd3e, before the package moves and renames of issue 23; a sweep file added later is recorded when
-it is added: fastpath-check.toml, whose fp32 runs hash equal to deadzone-law-h64.toml's, and deadzone-tokens.toml)."""
+it is added: fastpath-check.toml, whose fp32 runs hash equal to deadzone-law-h64.toml's, deadzone-tokens.toml,
+ffn-pilot-2.toml and visual-ple-ids.toml)."""
 
 from __future__ import annotations
 

@@ -130,6 +130,33 @@ def test_id_structure_is_judged_against_the_random_id_control_paired_by_seed():
     assert any("beyond the random-id control (rand) in 1/2 tested (vq)" in c for c in a["conclusions"])
 
 
+def test_fix_and_control_pair_only_with_configs_of_the_same_setting():
+    # Two lengths (settings): the fix at the long one is judged against the same corpus at the long one, and
+    # each config's id structure against the random-id control of its own length.
+    cfg = {"max_steps": 1800, "seed": 1,
+           "vision": {"corpus": "c/dct", "ple_dim": 8, "aux_weight": 0.0, "pixels": False}}
+    short = {**cfg, "max_steps": 281, "seed": 2, "vision": {**cfg["vision"], "corpus": "c/random", "aux_weight": 1.0}}
+    assert study.config_facts(cfg, {})["setting"] != study.config_facts(short, {})["setting"]
+    assert study.config_facts(cfg, {})["setting"] == study.config_facts({**short, "max_steps": 1800}, {})["setting"]
+    facts = {v: {**f, "setting": "long"} for v, f in FACTS.items()}
+    facts["dct-short"] = {**FACTS["dct"], "setting": "short"}
+    facts["rand-short"] = {**FACTS["rand"], "setting": "short"}
+    facts["fix-short"] = {**FACTS["fix"], "setting": "short"}
+    finals = {v: _finals(BASE) for v in facts}
+    diags = {v: {s: _diag(v.startswith("fix"), s + (10 if v.startswith("rand") else 0)) for s in BASE} for v in facts}
+    a = analyze_vision_study(finals, "none", list(facts), facts, diags)
+    fixes = {f["variant"]: f["reference"] for f in a["fix"]}
+    assert fixes["fix"] == "dct" and fixes["fix-short"] == "dct-short"
+    assert a["rows"]["dct"]["control"] == "rand" and a["rows"]["dct-short"]["control"] == "rand-short"
+    # no no-table config of the short setting: its Δ falls back to the sweep's baseline; with one, it pairs there
+    assert a["rows"]["dct-short"]["reference"] == "none"
+    facts["none-short"] = {**FACTS["none"], "setting": "short"}
+    finals["none-short"] = _finals({s: v + 1 for s, v in BASE.items()})
+    b = analyze_vision_study(finals, "none", list(facts), facts, diags)
+    assert b["rows"]["dct-short"]["reference"] == "none-short" and b["rows"]["dct-short"]["delta"] == pytest.approx(-1)
+    assert b["rows"]["dct"]["reference"] == "none" and b["rows"]["none-short"]["reference"] == "none"
+
+
 def test_the_best_tokenizer_is_the_highest_mi_one_and_a_fix_on_another_corpus_is_flagged():
     a = analysis()
     assert a["best_tokenizer"]["tokenizer"] == "vqvae"  # not the random control, whatever its MI says
