@@ -18,6 +18,7 @@ from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
+from plelab.experiments.tokens_curve import gain_vs_tokens
 from plelab.util.json_values import jsonable as _jsonable
 
 DIM_KEY = "model.ple.dim"
@@ -253,7 +254,8 @@ def _point(run: dict[str, Any], folder: Path) -> dict[str, Any]:
     summary = run.get("summary") or {}
     return {"name": run["name"], "dir": str(folder / "runs" / run["name"]), "values": run["point"],
             "ple_dim": run["ple_dim"], "seed": run["seed"], "loss": run["eval_loss"], "bpb": run["eval_bpb"],
-            "train_loss": run["train_loss"], "params_added": run["params_added"], "params_base": run["params_base"],
+            "train_loss": run["train_loss"], "tokens": run.get("tokens"), "params_added": run["params_added"],
+            "params_base": run["params_base"],
             "diagnostics": summary.get("diagnostics") or {}}
 
 
@@ -312,11 +314,12 @@ def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[st
     for p in done:
         groups.setdefault(group_key(p["values"]), []).append(p)
     note = sample_note({p["name"]: evals.get(p["name"], {}) for p in done})
+    analysed = [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()]
     return _jsonable({
         "sweep": meta.get("name", folder.name), "folder": str(folder), "grid": meta.get("grid", {}),
         "notes": [note] if note else [],
         "counts": dict(Counter(r["status"] for r in runs)), "total_runs": len(runs),
         "rules": STEP_RULES, "noise_sigmas": NOISE_SIGMAS,
-        "groups": [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()],
+        "groups": analysed, "tokens_curve": gain_vs_tokens(analysed),
         "config": (runs[0]["config"] if runs else {}), "plan": folder_plan(folder, plan),
     })

@@ -10,6 +10,9 @@ from typing import Any
 from plelab.experiments.analysis import NOISE_SIGMAS
 from plelab.util.pages import Block, fmt, pm, write_pages
 
+SWEEP_FIGURES = "\0sweep"
+"""render_figures' key for figures of the whole sweep (no group key can be it: group keys are printable)."""
+
 
 def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "-"
@@ -136,6 +139,10 @@ def build_blocks(analysis: dict[str, Any], figures: dict[str, list[tuple[str, st
     blocks += plan_blocks(plan) + (power_blocks(plan["power"]) if plan.get("power") else [])
     blocks += [("list", analysis["notes"])] if analysis.get("notes") else []
     blocks += config_blocks(analysis.get("config") or {}, analysis.get("grid") or {})
+    from plelab.experiments.tokens_curve import tokens_blocks
+
+    curve_png = next((png for stem, _, png in figures.get(SWEEP_FIGURES, []) if stem == "gain_vs_tokens"), None)
+    blocks += tokens_blocks(analysis.get("tokens_curve"), curve_png)
     for g in analysis["groups"]:
         g = {**g, "rules": analysis["rules"]}
         blocks += group_blocks(g, figures.get(g["key"], []))
@@ -147,11 +154,15 @@ def build_blocks(analysis: dict[str, Any], figures: dict[str, list[tuple[str, st
 def render_figures(analysis: dict[str, Any]) -> dict[str, list[tuple[str, str, bytes | None]]]:
     """Every figure of every group: {group key: [(file stem, caption, png or None)]}."""
     from plelab.experiments.plots import FIGURES
+    from plelab.experiments.tokens_curve import gain_vs_tokens_png
 
     out = {}
     for i, g in enumerate(analysis["groups"]):
         suffix = f"_g{i}" if len(analysis["groups"]) > 1 else ""
         out[g["key"]] = [(stem + suffix, caption, fn(g)) for stem, caption, fn in FIGURES]
+    if analysis.get("tokens_curve"):
+        out[SWEEP_FIGURES] = [("gain_vs_tokens", "Gain of each dP against training tokens",
+                               gain_vs_tokens_png(analysis["tokens_curve"]))]
     return out
 
 
