@@ -172,7 +172,9 @@ def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]
         return [("h", 2, "Gap timeline"), ("p", "No timeline evaluations in this sweep yet.")]
     tokens = sorted({p["tokens"] for v in others for p in a["timeline"][v]})
     at = {v: {p["tokens"]: p for p in a["timeline"][v]} for v in others}
-    rows = [[_tokens(t)] + [_gap_cell(at[v].get(t) or {}) for v in others] for t in tokens]
+    metric = {t: next((at[v][t].get("metric") for v in others if t in at[v]), "macro") for t in tokens}
+    rows = [[_tokens(t) + (" (val)" if metric[t] != "macro" else "")] + [_gap_cell(at[v].get(t) or {}) for v in others]
+            for t in tokens]
     found = []
     for v in others:
         ill = a["variants"][v].get("illusory_at")
@@ -189,7 +191,8 @@ def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]
         ("p", f"Paired macro gap vs `{a['baseline']}` at each evaluated token count (mean ± s.e. over seeds; nats), "
               "and its status: open = significant (unadjusted, per point) and not inside the margin, closed = inside "
               "the margin by TOST (needs a registered margin), otherwise not resolved (rule: illusory_convergence "
-              "above)."),
+              "above). A point marked (val) scored the held-out split alone (eval_timeline_domains = \"heldout\"): "
+              "its gap is that split's."),
         ("table", ["tokens"] + others, rows), ("list", found)]
     captions = {"ffn_gap": "Gap to the baseline vs tokens (mean ± s.e. band over seeds; x: log)",
                 "ffn_loss": "Macro loss over the evaluation domains vs tokens (mean ± s.e. band; x: log)"}

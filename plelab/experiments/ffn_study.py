@@ -148,6 +148,15 @@ def macro(domains: dict[str, dict[str, float]], key: str = "loss", among: Iterab
     return sum(vals) / len(vals) if vals else math.nan
 
 
+def timeline_loss(domains: dict[str, dict[str, float]], among: Iterable[str] | None = None) -> float:
+    """A timeline point's loss: the macro over its evaluation domains, or the held-out split's loss when the
+    point scored that split alone."""
+    if set(domains) == {HELDOUT_DOMAIN}:
+        value = domains[HELDOUT_DOMAIN].get("loss")
+        return float(value) if _finite(value) else math.nan
+    return macro(domains, among=among)
+
+
 def domain_rows(finals: Finals, baseline: str, variants: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
     """{domain: {variant: paired Δ loss and Δ bpb, their s.e., n, the significance sign}}; held-out split last."""
     base = finals.get(baseline, {})
@@ -237,12 +246,16 @@ def gap_timeline(timelines: Timelines, baseline: str, variant: str, margin: floa
     for t in tokens:
         here = {s: pts[t] for s, pts in mine.items() if t in pts}
         there = {s: base[s][t] for s in here if t in base.get(s, {})}
-        # Pair macros over the domains both runs evaluated at this point.
-        v = {s: macro(here[s]["domains"], among=there[s]["domains"]) for s in there}
-        b = {s: macro(there[s]["domains"], among=here[s]["domains"]) for s in there}
+        # Pair macros over the domains both runs evaluated at this point; a point that scored only the held-out
+        # split (eval_timeline_domains = "heldout") pairs that split's loss.
+        v = {s: timeline_loss(here[s]["domains"], among=there[s]["domains"]) for s in there}
+        b = {s: timeline_loss(there[s]["domains"], among=here[s]["domains"]) for s in there}
         gap = paired_delta(b, v)
-        mean_loss, se_loss = stats.mean_se([x for p in here.values() if _finite(x := macro(p["domains"]))])
-        point = {"tokens": t, "step": next(iter(here.values())).get("step"), "gap": gap["delta"], "se": gap["se"],
+        losses = [x for p in here.values() if _finite(x := timeline_loss(p["domains"]))]
+        mean_loss, se_loss = stats.mean_se(losses)
+        only_heldout = all(set(p["domains"]) == {HELDOUT_DOMAIN} for p in here.values())
+        point = {"tokens": t, "step": next(iter(here.values())).get("step"),
+                 "metric": HELDOUT_DOMAIN if only_heldout else "macro", "gap": gap["delta"], "se": gap["se"],
                  "n": gap["n"], "per_seed": gap["per_seed"], "loss": mean_loss, "loss_se": se_loss}
         point.update(gap_status(point, margin, alpha))
         out.append(point)

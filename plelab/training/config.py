@@ -17,6 +17,8 @@ ParallelMode = Literal["auto", "none", "ddp", "fsdp"]
 PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
 EvalSample = Literal["spread", "head", "all"]
 EVAL_SAMPLES: tuple[str, ...] = get_args(EvalSample)
+TimelineDomains = Literal["all", "heldout"]
+TIMELINE_DOMAINS: tuple[str, ...] = get_args(TimelineDomains)
 
 PLUGIN_SECTIONS: dict[str, type[TrainConfig]] = {}
 """Config sections that plug-ins add ({section: TrainConfig subclass}), filled as the subclasses are defined."""
@@ -121,6 +123,10 @@ class TrainConfig:
     (step max(1, warmup_steps)) to max_steps, both included: the gap timeline sweeps record (0 = off; else
     >= 2). Steps are rounded to the nearest integer and a point that rounds onto its predecessor moves to the
     next step, so every point is distinct (plelab.training.standard_callbacks.timeline_steps)."""
+    eval_timeline_domains: TimelineDomains = "all"
+    """What the timeline's points before the last score: "all" = every evaluation domain, "heldout" = only the
+    prepared held-out split (a gap timeline on it at a fraction of the cost). The final evaluation, and every
+    eval_every evaluation, score every domain either way."""
     ckpt_every: int = 100
     """Write a checkpoint every N steps (and at the end)."""
     keep_checkpoints: int = 2
@@ -170,6 +176,9 @@ class TrainConfig:
                               "model it builds); remove it and set sparse_ple = true or false")
         if self.parallel not in PARALLEL_MODES:
             raise ConfigError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}")
+        if self.eval_timeline_domains not in TIMELINE_DOMAINS:
+            raise ConfigError(f"eval_timeline_domains must be one of {', '.join(TIMELINE_DOMAINS)}, "
+                              f"got {self.eval_timeline_domains!r}")
         if self.eval_sample not in EVAL_SAMPLES:
             raise ConfigError(f"eval_sample must be one of {', '.join(EVAL_SAMPLES)}, got {self.eval_sample!r}")
         if self.dtype not in PRECISIONS:

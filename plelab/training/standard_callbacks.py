@@ -107,20 +107,24 @@ class Evaluator(Callback):
         # {"step", "max_tokens", "results"} of the newest evaluation; saved with checkpoints for on_train_end.
         self.last: dict[str, Any] | None = None
 
-    def evaluate(self, trainer: Any, max_tokens: int | None) -> None:
-        """Have the trainer evaluate now, and remember the result."""
-        results = trainer.evaluate(max_tokens)
+    def evaluate(self, trainer: Any, max_tokens: int | None, heldout_only: bool = False) -> None:
+        """Have the trainer evaluate now (every domain, or the held-out split alone), and remember the result."""
+        results = trainer.evaluate(max_tokens, heldout_only=heldout_only)
         if results is not None:
-            self.last = {"step": trainer.step, "max_tokens": max_tokens, "results": results}
+            self.last = {"step": trainer.step, "max_tokens": max_tokens, "results": results,
+                         "heldout_only": heldout_only}
 
     def on_step_logged(self, trainer: Any, metrics: dict[str, Any]) -> None:
         cfg, step = trainer.config, trainer.step
-        if step == cfg.max_steps or step in trainer.timeline or (cfg.eval_every and step % cfg.eval_every == 0):
+        if step == cfg.max_steps or (cfg.eval_every and step % cfg.eval_every == 0):
             self.evaluate(trainer, cfg.eval_tokens)
+        elif step in trainer.timeline:
+            self.evaluate(trainer, cfg.eval_tokens, heldout_only=cfg.eval_timeline_domains == "heldout")
 
     def on_train_end(self, trainer: Any) -> None:
         last, max_tokens = self.last, trainer.config.eval_tokens
-        if last is not None and last["step"] == trainer.step and last["max_tokens"] == max_tokens:
+        if (last is not None and last["step"] == trainer.step and last["max_tokens"] == max_tokens
+                and not last.get("heldout_only")):
             trainer.last_eval = last["results"]
         else:  # resumed from a checkpoint written before its step was evaluated (older plelab)
             self.evaluate(trainer, max_tokens)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from plelab.data.loader import BatchLoader
+from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.errors import PlelabError
 from plelab.model.bf16_gemm import bf16_gemms
 from plelab.model.softmax_xent import backend as softmax_backend
@@ -367,10 +368,11 @@ class Trainer:
         self.distribution.on_main(lambda: atomic_write_bytes(path.parent / "LATEST", path.name.encode()))
         return path
 
-    def evaluate(self, max_tokens: int | None = None) -> dict[str, Any] | None:
+    def evaluate(self, max_tokens: int | None = None, heldout_only: bool = False) -> dict[str, Any] | None:
         """Evaluate now, log the result (a timeline step's line is marked `"timeline": true`) and tell the
-        callbacks; None when the run has no evaluation data. The Evaluator callback calls it on its cadence."""
-        results = self.measure_eval(max_tokens)
+        callbacks; None when the run has no evaluation data. The Evaluator callback calls it on its cadence.
+        heldout_only: score only the prepared held-out split (a timeline point under eval_timeline_domains)."""
+        results = self.measure_eval(max_tokens, heldout_only=heldout_only)
         if results is None:
             return None
         self.last_eval = results
@@ -381,15 +383,19 @@ class Trainer:
         self.dispatch("on_eval", results)
         return results
 
-    def measure_eval(self, max_tokens: int | None) -> dict[str, Any] | None:
-        """The evaluation itself ({"domains": {name: {loss, bpb, tokens}}, "macro": ...}), max_tokens per domain;
-        None without evaluation data. A subclass evaluating another kind of model returns its own."""
-        if not self.data.eval_domains:
+    def measure_eval(self, max_tokens: int | None, heldout_only: bool = False) -> dict[str, Any] | None:
+        """The evaluation itself ({"domains": {name: {loss, bpb, tokens}}, "macro": ...}), max_tokens per domain
+        (only the held-out split with heldout_only); None without evaluation data. A subclass evaluating another
+        kind of model returns its own."""
+        domains = self.data.eval_domains
+        if heldout_only:
+            domains = {k: v for k, v in domains.items() if k == HELDOUT_DOMAIN}
+        if not domains:
             return None
         from plelab.inference.evaluate import evaluate_domains
 
         cfg = self.config
-        return evaluate_domains(self.model, self.data.eval_domains, cfg.context, cfg.batch_size,
+        return evaluate_domains(self.model, domains, cfg.context, cfg.batch_size,
                                 max_tokens=max_tokens, autocast=autocast_context(self.device, cfg.dtype),
                                 sample=cfg.eval_sample)
 

@@ -82,9 +82,10 @@ class VisionTrainer(Trainer):
         self.callbacks = vision_callbacks(self.callbacks)
         return VisionData(cfg, self.device)
 
-    def measure_eval(self, max_tokens: int | None) -> dict[str, Any]:
-        """The caption loss on the whole held-out split whatever max_tokens says (it is small and deterministic),
-        in the shape the sweep runner records ({"domains": {"captions": {loss, tokens}}, "macro": {loss}})."""
+    def measure_eval(self, max_tokens: int | None, heldout_only: bool = False) -> dict[str, Any]:
+        """The caption loss on the whole held-out split whatever max_tokens says (it is small and deterministic;
+        it is the only domain, so heldout_only changes nothing), in the shape the sweep runner records
+        ({"domains": {"captions": {loss, tokens}}, "macro": {loss}})."""
         cfg = self.config
         scores = caption_loss(self.model, self.data, cfg.batch_size, autocast_context(self.device, cfg.dtype))
         return {"domains": {EVAL_DOMAIN: scores}, "macro": {"loss": scores["loss"]}}

@@ -170,6 +170,20 @@ def test_gaps_that_do_not_close_and_reopen_are_not_flagged(shape):
     assert a["variants"]["var"]["illusory_convergence"] is False and a["variants"]["var"]["illusory_at"] is None
 
 
+def test_a_timeline_scored_on_the_heldout_split_alone_pairs_that_split():
+    # eval_timeline_domains = "heldout": every point but the last holds only "val"; the gap is read from it.
+    gaps = {s: [g + OWN[s] for g in (0.08, 0.05, 0.03, 0.02, 0.02)] for s in SEEDS}
+    timelines = _timeline(gaps)
+    for runs in timelines.values():
+        for points in runs.values():
+            for p in points[:-1]:
+                p["domains"] = {"val": {"loss": p["domains"][DOMAINS[0]]["loss"], "bpb": 1.0}}
+    points = analyze_study(finals(lambda d, s: 0.02 + OWN[s]), "base", timelines=timelines)["timeline"]["var"]
+    assert [p["metric"] for p in points] == ["val"] * 4 + ["macro"]
+    assert points[0]["gap"] == pytest.approx(0.08 + sum(OWN.values()) / 3) and points[0]["n"] == 3
+    assert points[-1]["gap"] == pytest.approx(0.02 + sum(OWN.values()) / 3)
+
+
 OPEN = {"tokens": 0, "gap": 0.08, "se": 0.001, "n": 3, "per_seed": {1: 0.079, 2: 0.08, 3: 0.081}}
 
 

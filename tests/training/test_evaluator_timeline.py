@@ -79,3 +79,17 @@ def test_without_a_timeline_evaluations_keep_their_schedule(tmp_path):
     evals = _eval_lines(tmp_path / "run")
     assert [m["step"] for m in evals] == [4, 8] and not any("timeline" in m for m in evals)
     assert final["final_eval"] == evals[-1]["eval"]
+
+
+def test_a_heldout_only_timeline_scores_the_split_alone_until_the_final_evaluation(tmp_path):
+    make_dataset(tmp_path)
+    cfg = load_train_config(write_config(tmp_path, max_steps=8, warmup_steps=2, eval_timeline=3,
+                                         eval_timeline_domains="heldout"))
+    final = Trainer(cfg, tmp_path / "run", quiet=True).run()
+    evals = _eval_lines(tmp_path / "run")
+    assert [m["step"] for m in evals] == timeline_steps(cfg) == [2, 4, 8]
+    assert [sorted(m["eval"]["domains"]) for m in evals[:-1]] == [["val"], ["val"]]
+    assert sorted(evals[-1]["eval"]["domains"]) == ["numbers", "prose", "val"]  # the last point scores everything
+    assert final["final_eval"] == evals[-1]["eval"]
+    with pytest.raises(ConfigError, match="eval_timeline_domains"):
+        TrainConfig(eval_timeline_domains="some")
