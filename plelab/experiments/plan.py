@@ -55,11 +55,39 @@ HITS = {"worse": ("worse", "worse, within margin"), "better": ("better", "better
 
 
 @dataclass
-class Comparison:
-    """One registered comparison: an arm against a reference, paired by seed, on one metric."""
+class RegisteredTest:
+    """What every registered test states: its name, the outcome it predicts, and what each outcome decides."""
 
+    kind = "test"
     name: str = ""
     """A short name the report and the decisions refer to."""
+    margin: float = 0.0
+    """Equivalence margin in the metric's unit (a dose-response's per doubling); 0 = the plan's margin (and with
+    none, equivalence is not tested)."""
+    predicted: str = ""
+    """The outcome the study predicts: worse (the loss is higher / rises), better, equivalent ("" = none)."""
+    decisions: dict[str, str] = field(default_factory=dict)
+    """Outcome -> what the study then does or concludes (keys: DECISION_KEYS)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError(f"every {self.kind} needs a name")
+        where = f"{self.kind} {self.name}"
+        if self.margin < 0:
+            raise ConfigError(f"{where}: margin must be >= 0, got {self.margin}")
+        if self.predicted not in PREDICTIONS:
+            raise ConfigError(f"{where}: predicted must be one of {', '.join(p for p in PREDICTIONS if p)}, "
+                              f"got {self.predicted!r}")
+        unknown = sorted(set(self.decisions) - set(DECISION_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown decision key(s) {unknown}; use {', '.join(DECISION_KEYS)}")
+
+
+@dataclass
+class Comparison(RegisteredTest):
+    """One registered comparison: an arm against a reference, paired by seed, on one metric."""
+
+    kind = "comparison"
     variant: str = ""
     """The arm's [variants] name ("" = any; then `where` selects it)."""
     where: dict[str, Any] = field(default_factory=dict)
@@ -70,28 +98,19 @@ class Comparison:
     """Grid values the reference's runs have (e.g. {"model.ple.dim" = 0})."""
     metric: str = HELDOUT_DOMAIN
     """An evaluation domain (e.g. "val", "captions") or "macro"."""
-    margin: float = 0.0
-    """Equivalence margin in the metric's unit; 0 = the plan's margin (and with none, equivalence is not tested)."""
-    predicted: str = ""
-    """The outcome the study predicts: worse, better or equivalent ("" = no prediction)."""
-    decisions: dict[str, str] = field(default_factory=dict)
-    """Outcome -> what the study then does or concludes (keys: DECISION_KEYS)."""
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("every comparison needs a name")
+        super().__post_init__()
         if not (self.variant or self.where) or not (self.reference or self.reference_where):
             raise ConfigError(f"comparison {self.name}: give the arm (variant / where) and the reference "
                               "(reference / reference_where)")
-        _check_common(f"comparison {self.name}", self.margin, self.predicted, self.decisions)
 
 
 @dataclass
-class DoseResponse:
+class DoseResponse(RegisteredTest):
     """One registered dose-response: per-seed slopes of the paired delta on log2(dose), tested across seeds."""
 
-    name: str = ""
-    """A short name."""
+    kind = "dose_response"
     dose: str = "model.ple.dim"
     """The grid key that is the dose."""
     where: dict[str, Any] = field(default_factory=dict)
@@ -100,42 +119,23 @@ class DoseResponse:
     """The dose each seed's deltas are taken against."""
     metric: str = HELDOUT_DOMAIN
     """An evaluation domain or "macro"."""
-    margin: float = 0.0
-    """Equivalence margin for the slope (per doubling); 0 = none."""
-    predicted: str = ""
-    """worse (the loss rises with the dose), better (it falls), equivalent, or ""."""
-    decisions: dict[str, str] = field(default_factory=dict)
-    """Outcome -> what the study then does or concludes."""
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("every dose_response needs a name")
-        _check_common(f"dose_response {self.name}", self.margin, self.predicted, self.decisions)
 
 
 @dataclass
-class Interaction:
-    """A difference of two registered comparisons' deltas, seed by seed: does an effect change with a condition?"""
+class Interaction(RegisteredTest):
+    """A difference of two registered comparisons' deltas, seed by seed: does an effect change with a condition?
+    (predicted worse: of's delta is the larger)."""
 
-    name: str = ""
-    """A short name."""
+    kind = "interaction"
     of: str = ""
     """The comparison whose per-seed delta comes first."""
     minus: str = ""
     """The comparison whose per-seed delta is subtracted (both must be on one metric, paired by seed)."""
-    margin: float = 0.0
-    """Equivalence margin for the difference; 0 = the plan's margin (and with none, equivalence is not tested)."""
-    predicted: str = ""
-    """worse (of's delta is the larger), better (the smaller), equivalent, or ""."""
-    decisions: dict[str, str] = field(default_factory=dict)
-    """Outcome -> what the study then does or concludes."""
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("every interaction needs a name")
+        super().__post_init__()
         if not self.of or not self.minus or self.of == self.minus:
             raise ConfigError(f"interaction {self.name}: name two different registered comparisons (of, minus)")
-        _check_common(f"interaction {self.name}", self.margin, self.predicted, self.decisions)
 
 
 @dataclass
@@ -190,17 +190,6 @@ class AnalysisPlan:
                                   f"({by_name[i.of].metric} / {by_name[i.minus].metric})")
         if not names:
             raise ConfigError("plan: register at least one comparison or dose_response")
-
-
-def _check_common(where: str, margin: float, predicted: str, decisions: dict[str, str]) -> None:
-    if margin < 0:
-        raise ConfigError(f"{where}: margin must be >= 0, got {margin}")
-    if predicted not in PREDICTIONS:
-        raise ConfigError(f"{where}: predicted must be one of {', '.join(p for p in PREDICTIONS if p)}, "
-                          f"got {predicted!r}")
-    unknown = sorted(set(decisions) - set(DECISION_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown decision key(s) {unknown}; use {', '.join(DECISION_KEYS)}")
 
 
 # ------------------------------------------------------------------------------------------------ files, hash
