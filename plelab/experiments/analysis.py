@@ -260,17 +260,23 @@ def _point(run: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def sample_note(evals: dict[str, dict[str, dict[str, Any]]]) -> str | None:
-    """A note when the runs compared were evaluated on different samples of tokens (None when they agree).
+    """A note when runs compared on one domain were evaluated on different samples of its tokens (None when every
+    domain's runs agree; domains may differ from each other, e.g. a held-out split scored whole beside capped ones).
 
     evals: {run: {domain: {..., "sample"}}}. A missing sample is a run recorded before samples were (a text
     domain then read its first eval_tokens tokens); paired deltas between samples compare different text.
     """
-    seen = Counter((d.get("sample") or "unrecorded (head)") for run in evals.values() for d in run.values())
-    if len(seen) < 2:
+    by_domain: dict[str, Counter] = {}
+    for run in evals.values():
+        for name, d in run.items():
+            by_domain.setdefault(name, Counter())[d.get("sample") or "unrecorded (head)"] += 1
+    mixed = {name: seen for name, seen in sorted(by_domain.items()) if len(seen) > 1}
+    if not mixed:
         return None
-    return ("the runs were evaluated on different samples of tokens (" + ", ".join(f"{k}: {n} domain results"
-            for k, n in sorted(seen.items())) + "): their losses read different text and are not comparable; "
-            "extend a study only from the commit it was run from")
+    return ("the runs were evaluated on different samples of tokens (" + "; ".join(
+        f"{name}: " + ", ".join(f"{k} in {n} runs" for k, n in sorted(seen.items())) for name, seen in mixed.items())
+        + "): their losses read different text and are not comparable; extend a study only from the commit it was "
+        "run from")
 
 
 def with_eval_losses(point: dict[str, Any], domains: dict[str, dict[str, float]]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -113,17 +114,21 @@ def evaluate_domains(
     max_tokens: int | None = None,
     autocast=None,
     sample: str = "spread",
+    whole: Iterable[str] = (),
 ) -> dict[str, Any]:
     """{"domains": {name: {loss, bpb, tokens, loss_se, windows, sample}}, "macro": {loss, bpb}, ...}.
 
-    max_tokens caps each domain, picked by `sample` (module docstring); None = every token.
+    max_tokens caps each domain, picked by `sample` (module docstring); None = every token. Domains named in
+    `whole` are scored whole whatever the cap (their result says sample "all").
     """
+    whole = set(whole)
     was_training = model.training
     model.eval()
     out: dict[str, Any] = {}
     for name, dom in sorted(domains.items()):
         check_token_ids(dom.tokens, model.config.vocab_size)  # once per domain, on the host (forward does not)
-        scored, starts, n_bytes = sample_windows(dom, seq_len, max_tokens, sample)
+        cap = None if name in whole else max_tokens
+        scored, starts, n_bytes = sample_windows(dom, seq_len, cap, sample)
         if not starts:
             continue
         per = window_nlls(model, scored.tokens, starts, seq_len, batch_size, autocast)
@@ -134,7 +139,7 @@ def evaluate_domains(
             "tokens": targets,
             "loss_se": ratio_se(per),
             "windows": len(starts),
-            "sample": sample if max_tokens is not None else "all",
+            "sample": sample if cap is not None else "all",
         }
     model.train(was_training)
     # The prepared data's held-out split rides along as HELDOUT_DOMAIN when evaluation folders are given too:

@@ -118,6 +118,9 @@ class TrainConfig:
     fit (a run recorded before this field existed used this, whatever its config says now: results record the
     sample used), "all" = every token, eval_tokens ignored. Each domain's result carries its evaluation noise
     (loss_se over the scored windows)."""
+    eval_heldout_whole: bool = False
+    """Score every token of the prepared held-out split at every evaluation, whatever eval_tokens and eval_sample
+    say (the other domains keep the cap): the split a study's gate is judged on, without its sampling noise."""
     eval_timeline: int = 0
     """Also evaluate on eval_data at this many log-spaced steps (so token counts) from the end of warmup
     (step max(1, warmup_steps)) to max_steps, both included: the gap timeline sweeps record (0 = off; else

@@ -397,7 +397,7 @@ class Trainer:
         cfg = self.config
         return evaluate_domains(self.model, domains, cfg.context, cfg.batch_size,
                                 max_tokens=max_tokens, autocast=autocast_context(self.device, cfg.dtype),
-                                sample=cfg.eval_sample)
+                                sample=cfg.eval_sample, whole=(HELDOUT_DOMAIN,) if cfg.eval_heldout_whole else ())
 
     # ----------------------------------------------------------------- the loop
     def _handle_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature

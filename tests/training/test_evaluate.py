@@ -87,6 +87,42 @@ def test_evaluation_reports_its_noise_and_the_sample_it_used(cfg):
     assert held.n_docs > 1 and held.tokens[0] == held.tokens[held.doc_token_ends[0] - 1]
 
 
+def test_the_held_out_split_can_be_scored_whole_beside_capped_domains(cfg):
+    data = TrainingData(cfg, torch.device("cpu"))
+    torch.manual_seed(0)
+    model = LanguageModel(cfg.model)
+    capped = evaluate_domains(model, data.eval_domains, seq_len=32, max_tokens=64)
+    out = evaluate_domains(model, data.eval_domains, seq_len=32, max_tokens=64, whole=(HELDOUT_DOMAIN,))
+    everything = evaluate_domains(model, data.eval_domains, seq_len=32)
+    held = out["domains"][HELDOUT_DOMAIN]
+    assert held["sample"] == "all" and held["tokens"] == everything["domains"][HELDOUT_DOMAIN]["tokens"]
+    assert held["tokens"] > capped["domains"][HELDOUT_DOMAIN]["tokens"]
+    assert out["domains"]["prose"] == capped["domains"]["prose"]  # the other domains keep the cap
+    # through the config: the trainer's evaluation scores the split whole
+    from plelab.training.trainer import Trainer
+
+    cfg.eval_heldout_whole, cfg.eval_tokens, cfg.max_steps = True, 64, 2
+    result = Trainer(cfg, cfg_dir(cfg) / "run", quiet=True).run()
+    assert result["final_eval"]["domains"][HELDOUT_DOMAIN]["sample"] == "all"
+    assert result["final_eval"]["domains"]["prose"]["sample"] == "spread"
+
+
+def cfg_dir(cfg):
+    """The tmp folder the fixture's config lives in (its data folder's parent)."""
+    from pathlib import Path
+
+    return Path(cfg.data).parent
+
+
+def test_a_sample_note_compares_runs_per_domain_not_domains_with_each_other():
+    from plelab.experiments.analysis import sample_note
+
+    whole_val = {"val": {"sample": "all"}, "prose": {"sample": "spread"}}
+    assert sample_note({"a": whole_val, "b": whole_val}) is None  # domains differ; each domain's runs agree
+    note = sample_note({"a": whole_val, "b": {"val": {"sample": "spread"}, "prose": {"sample": "spread"}}})
+    assert note is not None and "val: all in 1 runs, spread in 1 runs" in note and "prose" not in note
+
+
 def test_a_new_evaluation_default_leaves_old_sweep_hashes_alone():
     """eval_sample is a field added after run hashes existed: at its default it is not hashed, so the sweeps of
     the published studies keep their run keys (their runs record the sample they used: 'head')."""
