@@ -27,7 +27,8 @@ def literal_fields(cls: type) -> dict[str, tuple]:
 def test_the_enumerated_fields_are_literals():
     assert literal_fields(TrainConfig) == {"dtype": ("auto", "bf16", "bf16-head", "fp32"),
                                            "parallel": ("auto", "none", "ddp", "fsdp"),
-                                           "eval_sample": ("spread", "head", "all")}
+                                           "eval_sample": ("spread", "head", "all"),
+                                           "eval_timeline_domains": ("all", "heldout")}
     assert literal_fields(ExportOptions) == {"quant": EXPORT_QUANTS}
     assert literal_fields(SweepOptions)["match_ffn"] == ("", *BUDGETS)
     assert literal_fields(SourceOptions)["format"] == ("auto", *KINDS)
