@@ -45,7 +45,7 @@ from typing import Any
 from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.errors import PlelabError
-from plelab.experiments.analysis import SEED_KEY, sample_note
+from plelab.experiments.analysis import DIM_KEY, SEED_KEY, sample_note
 from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE, VARIANT_KEY
 from plelab.experiments.sweep_store import SweepStore
 from plelab.util.json_values import jsonable
@@ -382,12 +382,14 @@ def _notes(finals: Finals, baseline: str, variants: Sequence[str]) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- the sweep
 def is_variant_sweep(folder: str | Path) -> bool:
-    """Does the sweep folder hold a sweep with [variants] (run points carry a 'variant' value)?"""
+    """Does the sweep folder hold a sweep with [variants] (run points carry a 'variant' value) whose grid does not
+    vary dP? One that does (e.g. dP x training lengths) is a set of dose groups: the general sweep report's."""
     path = Path(folder) / DB_FILE
     if not path.is_file():
         return False
     with SweepStore(path, readonly=True) as store:
-        return any(VARIANT_KEY in (r["point"] or {}) for r in store.runs())
+        points = [r["point"] or {} for r in store.runs()]
+    return any(VARIANT_KEY in p for p in points) and not any(DIM_KEY in p for p in points)
 
 
 def load_study(folder: str | Path) -> dict[str, Any]:

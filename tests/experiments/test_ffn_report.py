@@ -196,3 +196,12 @@ def test_the_report_commits_its_per_seed_records_and_recomputes_from_them(study,
     assert (again / "report.md").read_text() == (out / "report.md").read_text()
     assert main(["report", str(out / "report.md")]) == 2  # not a records file: one line
     assert "not a readable records file" in capsys.readouterr().err
+
+
+def test_a_variant_sweep_that_also_varies_dp_gets_the_general_sweep_report(tmp_path):
+    # e.g. the dead-zone tokens study: training lengths as variants, crossed with dP: dose groups, not FFN variants
+    from plelab.experiments.studies import choose_study
+
+    folder = fake_study(tmp_path / "tokens", VARIANTS, done=(), grid={"seed": [1], "model.ple.dim": [0, 4]})
+    assert choose_study(folder).name == "sweep"
+    assert choose_study(fake_study(tmp_path / "ffn", VARIANTS, done=())).name == "ffn"
