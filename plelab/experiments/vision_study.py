@@ -88,7 +88,7 @@ def _setting(config: dict[str, Any]) -> str:
     """Everything a run config sets except the seed and the visual PLE itself (corpus, dP, lambda): configs with
     the same setting differ only in their table (e.g. the same length and the same pixel path), so only they
     are paired as fix and reference, or as config and random-id control."""
-    rest = {k: v for k, v in (config or {}).items() if k not in ("seed", "out_dir")}
+    rest = {k: v for k, v in (config or {}).items() if k != "seed"}
     rest["vision"] = {k: v for k, v in (rest.get("vision") or {}).items()
                       if k not in ("corpus", "ple_dim", "aux_weight")}
     return json.dumps(rest, sort_keys=True, default=str)

@@ -87,7 +87,7 @@ def test_evaluation_reports_its_noise_and_the_sample_it_used(cfg):
     assert held.n_docs > 1 and held.tokens[0] == held.tokens[held.doc_token_ends[0] - 1]
 
 
-def test_the_held_out_split_can_be_scored_whole_beside_capped_domains(cfg):
+def test_the_held_out_split_can_be_scored_whole_beside_capped_domains(cfg, tmp_path):
     data = TrainingData(cfg, torch.device("cpu"))
     torch.manual_seed(0)
     model = LanguageModel(cfg.model)
@@ -102,16 +102,9 @@ def test_the_held_out_split_can_be_scored_whole_beside_capped_domains(cfg):
     from plelab.training.trainer import Trainer
 
     cfg.eval_heldout_whole, cfg.eval_tokens, cfg.max_steps = True, 64, 2
-    result = Trainer(cfg, cfg_dir(cfg) / "run", quiet=True).run()
+    result = Trainer(cfg, tmp_path / "run", quiet=True).run()
     assert result["final_eval"]["domains"][HELDOUT_DOMAIN]["sample"] == "all"
     assert result["final_eval"]["domains"]["prose"]["sample"] == "spread"
-
-
-def cfg_dir(cfg):
-    """The tmp folder the fixture's config lives in (its data folder's parent)."""
-    from pathlib import Path
-
-    return Path(cfg.data).parent
 
 
 def test_a_sample_note_compares_runs_per_domain_not_domains_with_each_other():
