@@ -63,17 +63,17 @@ start() {
 }
 
 stop() {
-  if [[ -f "$LOGS/studies.pid" ]]; then
-    kill -- "-$(cat "$LOGS/studies.pid")" 2>/dev/null || true
+  # Only what `start` launched (its process group): a sweep the user runs by hand is left alone.
+  if [[ ! -f "$LOGS/studies.pid" ]] || ! kill -- "-$(cat "$LOGS/studies.pid")" 2>/dev/null; then
     rm -f "$LOGS/studies.pid"
-  fi
-  if ! pkill -f "plelab sweep"; then
-    echo "nothing running"
+    echo "nothing started by this script is running"
     return
   fi
+  group=$(cat "$LOGS/studies.pid")
+  rm -f "$LOGS/studies.pid"
   # A sweep stops its runs at their next step and records them as interrupted: wait for it.
-  for _ in $(seq 60); do pgrep -f "plelab sweep" >/dev/null || break; sleep 1; done
-  pgrep -f "plelab sweep" >/dev/null && echo "still stopping: check again with status" >&2
+  for _ in $(seq 60); do pgrep -g "$group" >/dev/null || break; sleep 1; done
+  pgrep -g "$group" >/dev/null && echo "still stopping: check again with status" >&2
   echo "stopped (resumable: bash scripts/studies.sh start)"
 }
 
