@@ -182,6 +182,9 @@ class TrainConfig:
         if self.eval_timeline_domains not in TIMELINE_DOMAINS:
             raise ConfigError(f"eval_timeline_domains must be one of {', '.join(TIMELINE_DOMAINS)}, "
                               f"got {self.eval_timeline_domains!r}")
+        if self.eval_timeline_domains != "all" and not self.eval_timeline:
+            raise ConfigError("eval_timeline_domains = \"heldout\" narrows the timeline's evaluations, and "
+                              "eval_timeline is 0 (no timeline): set eval_timeline, or leave the field at \"all\"")
         if self.eval_sample not in EVAL_SAMPLES:
             raise ConfigError(f"eval_sample must be one of {', '.join(EVAL_SAMPLES)}, got {self.eval_sample!r}")
         if self.dtype not in PRECISIONS:

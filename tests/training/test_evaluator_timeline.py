@@ -93,3 +93,5 @@ def test_a_heldout_only_timeline_scores_the_split_alone_until_the_final_evaluati
     assert final["final_eval"] == evals[-1]["eval"]
     with pytest.raises(ConfigError, match="eval_timeline_domains"):
         TrainConfig(eval_timeline_domains="some")
+    with pytest.raises(ConfigError, match="eval_timeline is 0"):
+        TrainConfig(eval_timeline_domains="heldout")
