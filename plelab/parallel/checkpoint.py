@@ -88,10 +88,12 @@ def flat_state(model: nn.Module, optimizer: Optimizer, layout: ShardLayout) -> d
 
 
 def save_sharded(ckpt_dir: Path, model: nn.Module, optimizer: Optimizer, layout: ShardLayout,
-                 train_config: dict[str, Any], state: dict[str, Any] | None, tokenizer: Path | None) -> Path:
+                 train_config: dict[str, Any], state: dict[str, Any] | None, tokenizer: Path | None,
+                 device: str | None = None) -> Path:
     """Write a sharded checkpoint of all ranks into `ckpt_dir` atomically (a collective: every rank calls it).
 
-    state: the trainer's state without the optimizer (only rank 0's is written)."""
+    state: the trainer's state without the optimizer (only rank 0's is written); device: rank 0's resolved
+    training device, recorded in config.json."""
     world = layout.world
     tmp = Path(broadcast(world, str(new_checkpoint_tmp(ckpt_dir)) if world.is_main else None))
     try:
@@ -105,7 +107,7 @@ def save_sharded(ckpt_dir: Path, model: nn.Module, optimizer: Optimizer, layout:
                 tok_hash = sha256_file(tmp / "tokenizer.json")
                 files.append("tokenizer.json")
             config = {"model": to_dict(model.config), "train": train_config, "tokenizer": tok_hash,
-                      "world_size": world.size}
+                      "world_size": world.size, **({"device": device} if device is not None else {})}
             (tmp / "config.json").write_text(json.dumps(config, indent=2))
             torch.save({**(state or {}), "optimizer": None}, tmp / "state.pt")
             commit_checkpoint(tmp, ckpt_dir, [*files, "config.json", "state.pt"])

@@ -149,9 +149,10 @@ class Parallel:
              state: dict[str, Any], tokenizer: Path | None) -> Path:
         """Write a sharded checkpoint (every rank calls it); in one process a plain one."""
         if not self.distributed:
-            return save_checkpoint(ckpt_dir, model, train_config, state, tokenizer)
+            return save_checkpoint(ckpt_dir, model, train_config, state, tokenizer, device=str(self.device))
         state = {k: v for k, v in state.items() if k != "optimizer"}
-        return save_sharded(ckpt_dir, model, optimizer, self.layout, train_config, state, tokenizer)
+        return save_sharded(ckpt_dir, model, optimizer, self.layout, train_config, state, tokenizer,
+                            device=str(self.device))
 
     def load(self, ckpt: Path, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
         """Load any checkpoint into this rank's parts (every rank calls it); returns the trainer state."""

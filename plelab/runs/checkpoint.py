@@ -2,7 +2,8 @@
 
 Layout of one checkpoint directory (`RUN_DIR/checkpoints/step_00000100/`):
     model.safetensors   weights (names as in `LanguageModel.state_dict()`)
-    config.json         {"model": ModelConfig fields, "train": training config or null, "tokenizer": sha256 or null}
+    config.json         {"model": ModelConfig fields, "train": training config or null, "tokenizer": sha256 or null,
+                         "device": the device the weights were trained on ("cpu", "cuda:0"; absent when unknown)}
     tokenizer.json      the tokenizer the model was trained with (when known)
     state.pt            optimizer, scheduler, loader, RNG and step (absent in weights-only exports)
     manifest.json       sha256 + size of every file above; written last, so its presence marks completion
@@ -63,8 +64,12 @@ def save_checkpoint(
     train_config: dict[str, Any] | None = None,
     state: dict[str, Any] | None = None,
     tokenizer: str | Path | None = None,
+    device: str | None = None,
 ) -> Path:
-    """Write a complete checkpoint into `ckpt_dir` atomically (built in a temp dir, then renamed)."""
+    """Write a complete checkpoint into `ckpt_dir` atomically (built in a temp dir, then renamed).
+
+    device: the resolved training device, recorded because "auto" in the config does not say which one ran
+    (a model rebuilt from the run's seed matches only on the same kind of device)."""
     ckpt_dir = Path(ckpt_dir)
     tmp = new_checkpoint_tmp(ckpt_dir)
     try:
@@ -79,9 +84,10 @@ def save_checkpoint(
             shutil.copyfile(tokenizer, tmp / "tokenizer.json")
             tok_hash = sha256_file(tmp / "tokenizer.json")
             files.append("tokenizer.json")
-        (tmp / "config.json").write_text(
-            json.dumps({"model": to_dict(model.config), "train": train_config, "tokenizer": tok_hash}, indent=2)
-        )
+        config = {"model": to_dict(model.config), "train": train_config, "tokenizer": tok_hash}
+        if device is not None:
+            config["device"] = device
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
         if state is not None:
             with _write_errors_as_oserror(tmp / "state.pt"):
                 torch.save(state, tmp / "state.pt")

@@ -157,7 +157,7 @@ class SingleProcess:
 
     def save(self, ckpt_dir: Path, model: nn.Module, optimizer: Any, train_config: dict[str, Any],  # noqa: ARG002
              state: dict[str, Any], tokenizer: Path | None) -> Path:
-        return save_checkpoint(ckpt_dir, model, train_config, state, tokenizer)
+        return save_checkpoint(ckpt_dir, model, train_config, state, tokenizer, device=str(self.device))
 
     def load(self, ckpt: Path, model: nn.Module, optimizer: Any) -> dict[str, Any]:  # noqa: ARG002
         state = load_training_state(ckpt)  # the optimizer's state is in it: the trainer restores it

@@ -268,8 +268,13 @@ def diagnose_vision_model(model: VisionPLEModel, batches: Batches, init_table: t
 def initial_table(model: VisionPLEModel, meta: dict[str, Any]) -> tuple[torch.Tensor | None, str]:
     """(the visual table at initialisation, rebuilt as the Trainer built it from the run's seed, or None; a note)."""
     train = meta.get("train") or {}
-    if str(train.get("device", "cpu")) != "cpu":
-        return None, f"the run trained on {train.get('device')}: its initial table is not rebuilt on the CPU"
+    # The checkpoint records the device that ran; older ones only the configured name, where "auto" says nothing.
+    device = str(meta.get("device") or train.get("device", "cpu"))
+    if device == "auto":
+        return None, "the run's device was 'auto' and its checkpoint predates recording the one that ran: " \
+                     "its initial table is not rebuilt"
+    if device != "cpu":
+        return None, f"the run trained on {device}: its initial table is not rebuilt on the CPU"
     with torch.random.fork_rng(devices=[]):
         # The Trainer seeds right before building the model; the trunk initialises first, then the vision parts.
         torch.manual_seed(int(train.get("seed", 0)))

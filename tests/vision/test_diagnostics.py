@@ -3,6 +3,7 @@ visual PLE off, the injection ratio reads patch positions, and a run's initial t
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from vision_helpers import K, serve_planted_corpus, vision_config
 
 from plelab.cli.main import main
 from plelab.training.config import train_config_dict
+from plelab.util.device import pick_device
 from plelab.vision.data import VisionData
 from plelab.vision.diagnostics import (
     diagnose_run,
@@ -138,6 +140,27 @@ def test_initial_table_is_rebuilt_exactly_and_a_run_is_diagnosed_from_its_checkp
     assert main(["vision", "diagnose", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
     assert "missing" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_the_checkpoint_records_the_device_that_ran_so_an_auto_run_gets_its_initial_table(planted_corpus, tmp_path):
+    cfg = vision_config(planted_corpus, vision={"ple_dim": 8}, max_steps=2, seed=3, device="auto")
+    trainer = VisionTrainer(cfg, tmp_path / "run", quiet=True)
+    built = trainer.model.visual_table().detach().clone()
+    trainer.run()
+    ckpt = tmp_path / "run" / "checkpoints" / (tmp_path / "run" / "checkpoints" / "LATEST").read_text()
+    meta = json.loads((ckpt / "config.json").read_text())
+    assert meta["train"]["device"] == "auto" and meta["device"] == str(pick_device("auto"))
+    rebuilt, note = initial_table(trainer.model, meta)
+    if meta["device"] == "cpu":
+        assert torch.equal(rebuilt, built), note
+    else:
+        assert rebuilt is None and meta["device"] in note
+    # A checkpoint from before the device was recorded says why it cannot tell, instead of guessing.
+    old = {"train": meta["train"]}
+    rebuilt, note = initial_table(trainer.model, old)
+    assert rebuilt is None and "auto" in note
+    rebuilt, note = initial_table(trainer.model, {**meta, "device": "cuda:0"})
+    assert rebuilt is None and "cuda:0" in note
 
 
 def test_a_model_without_visual_ple_has_no_table_verdict(planted_corpus, tmp_path):
