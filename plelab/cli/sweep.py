@@ -76,6 +76,7 @@ def _power(sweep, args: argparse.Namespace) -> int:
 
     from plelab.errors import PlelabError
     from plelab.experiments.plan import load_plan, plan_power
+    from plelab.experiments.plan_report import strict_seeds
     from plelab.experiments.sweep import DB_FILE
     from plelab.experiments.sweep_store import SweepStore
 
@@ -95,13 +96,16 @@ def _power(sweep, args: argparse.Namespace) -> int:
     rows = []
     for r in power["comparisons"]:
         p = r["power"] or {}
-        rows.append([r["name"], r["metric"], str(r["pilot_n"]), _fmt(p.get("sd")), str(seeds), _fmt(p.get("mde")),
-                     _fmt(p.get("power_at_n"), ".2f"), str(p.get("seeds_for_effect") or "-"),
+        rows.append([r["name"] + (" (gate)" if r["gate"] else ""), r["metric"], str(r["pilot_n"]), _fmt(p.get("sd")),
+                     str(seeds), _fmt(p.get("mde")), _fmt(p.get("power_at_n"), ".2f"),
+                     str(p.get("seeds_for_effect") or "-"), strict_seeds(r),
                      str(p.get("seeds_for_equivalence") or "-")])
     print(text_table(["comparison", "metric", "pilot seeds", "pilot sd", "seeds", "detectable |Δ|",
-                      f"power at {_fmt(power['effect_of_interest'])}", "seeds for it", "seeds for equivalence"],
-                     rows))
-    print(f"\ntwo-sided t test at {power['alpha']:g}, power target {power['target']:g}; pilot {pilot}")
+                      f"power at {_fmt(power['effect_of_interest'])}", "seeds for it", "at Holm's strictest step",
+                      "seeds for equivalence"], rows))
+    strict = power["strict_level"]
+    print(f"\ntwo-sided t test at {power['alpha']:g}" + ("" if strict is None else f" (Holm's strictest step: "
+          f"{strict:.3g})") + f", power target {power['target']:g}; pilot {pilot}")
     return 0
 
 

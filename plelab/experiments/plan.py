@@ -18,6 +18,8 @@ the registered plan (`evaluate_plan`) and labels everything else it prints post 
     metric = "val"                  # an evaluation domain, or "macro" (the domains other than the held-out split)
     predicted = "worse"
     decisions = { worse = "the FFN matters here: run MGLU", "not resolved" = "...", equivalent = "..." }
+    gate = "narrow_vs_full"         # optional: tested first, alone at alpha; the rest are interpreted only if it
+                                    # comes out as predicted (fixed-sequence gatekeeping: the family error stays alpha)
     [[plan.interactions]]           # does an effect differ between two conditions? (difference of differences)
     name = "harm_grows_with_passes"
     of = "random_vs_none_6pass"     # two registered comparisons on the same metric and seeds:
@@ -149,7 +151,11 @@ class AnalysisPlan:
     alpha: float = 0.05
     """Test level: two-sided for differences, per side for equivalence (TOST)."""
     correction: str = "holm"
-    """Over every comparison and dose-response of the plan: "holm" or "none"."""
+    """Over every comparison, dose-response and interaction of the plan but the gate: "holm" or "none"."""
+    gate: str = ""
+    """A registered comparison tested first, alone at alpha, predicting "worse" or "better": the other tests are
+    interpreted only if it comes out so (fixed-sequence gatekeeping keeps the chance of any false claim at alpha,
+    and the gate does not pay the correction the others share). "" = no gate."""
     margin: float = 0.0
     """The study's equivalence margin (metric units); 0 = none, so "no difference" cannot be concluded."""
     trained_tolerance: float = 0.05
@@ -190,6 +196,15 @@ class AnalysisPlan:
                                   f"({by_name[i.of].metric} / {by_name[i.minus].metric})")
         if not names:
             raise ConfigError("plan: register at least one comparison or dose_response")
+        if self.gate:
+            if self.gate not in by_name:
+                raise ConfigError(f"plan.gate {self.gate!r} is not a registered comparison "
+                                  f"({', '.join(by_name) or 'none'})")
+            if by_name[self.gate].predicted not in ("worse", "better"):
+                raise ConfigError(f"plan.gate {self.gate}: the gate must predict a difference (worse or better), "
+                                  f"got {by_name[self.gate].predicted or 'no prediction'!r}")
+            if len(names) < 2:
+                raise ConfigError("plan.gate: a gate needs other tests to open")
 
 
 # ------------------------------------------------------------------------------------------------ files, hash
@@ -202,7 +217,7 @@ def load_plan(source: str | Path | dict[str, Any]) -> AnalysisPlan:
     return from_dict(AnalysisPlan, data["plan"], prefix="plan.")
 
 
-LATER_FIELDS = ("interactions",)
+LATER_FIELDS = ("interactions", "gate")
 """Plan fields added after plans were first registered: hashed only when set, so a registered plan keeps its hash."""
 
 
@@ -346,14 +361,35 @@ def evaluate_plan(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, 
         items.append((i, deltas_of[i.of]["metric"], "interaction", {"n": d["n"], "mean": d["mean"], "se": d["se"]},
                       {"per_seed": d["per_seed"], "seeds": d["seeds"], "of": i.of, "minus": i.minus}))
     raw = [stats.t_test(s["mean"], s["se"], s["n"])["p"] for _, _, _, s, _ in items]
-    adjusted = stats.holm(raw, plan.alpha)["adjusted"] if plan.correction == "holm" else raw
+    family = [k for k, (item, *_) in enumerate(items) if item.name != plan.gate]
+    adjusted = list(raw)  # the gate keeps its own p: it is tested alone, before the family
+    if plan.correction == "holm":
+        for k, p in zip(family, stats.holm([raw[k] for k in family], plan.alpha)["adjusted"], strict=True):
+            adjusted[k] = p
     results = []
     for (item, metric, kind, s, extra), p in zip(items, adjusted, strict=True):
         margin = item.margin or plan.margin or None
         test = stats.compare(s["mean"], s["se"], s["n"], margin, plan.alpha, p=p)
         results.append(_result(item, metric, test, kind, extra))
+    gate = _apply_gate(plan, results) if plan.gate else None
     return {"name": plan.name, "question": plan.question, "alpha": plan.alpha, "correction": plan.correction,
-            "margin": plan.margin or None, "results": results, "notes": notes}
+            "margin": plan.margin or None, "family_size": len(family), "gate": gate, "results": results,
+            "notes": notes}
+
+
+def _apply_gate(plan: AnalysisPlan, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mark the gate's result; when it did not come out as predicted, every other test is description only."""
+    by_name = {r["name"]: r for r in results}
+    gate = by_name[plan.gate]
+    passed = gate["outcome"] in HITS[gate["predicted"]]
+    gate["gate"] = True
+    for r in results:
+        if r is gate or passed:
+            continue
+        r["gated"] = f"not interpreted: the gate {plan.gate} came out {gate['outcome']}, not {gate['predicted']}"
+        r["prediction"] = "unresolved" if r["prediction"] else None
+        r["decision"] = r["gated"]
+    return {"name": plan.gate, "predicted": gate["predicted"], "outcome": gate["outcome"], "passed": passed}
 
 
 def plan_margin(analysis: dict[str, Any] | None) -> tuple[float | None, float]:
@@ -369,10 +405,13 @@ def plan_power(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any
 
     runs / evals: the pilot's (a finished sweep, or the study's own first seeds). A comparison the pilot cannot
     pair (no runs of one side) gets no estimate. Effect: plan.effect_of_interest; margin: the comparison's or
-    the plan's.
+    the plan's. Under Holm a test is also sized at alpha / (tests in the family), Holm's strictest step, which
+    its smallest p must pass (`strict`: what the family costs; the gate is tested alone at alpha).
     """
     if isinstance(plan, dict):
         plan = from_dict(AnalysisPlan, plan, prefix="plan.")
+    family = len(plan.comparisons) + len(plan.dose_responses) + len(plan.interactions) - bool(plan.gate)
+    strict_level = plan.alpha / family if plan.correction == "holm" and family > 1 else None
     rows = []
     deltas_of = _comparison_deltas(plan, runs, evals, [])
     named = [(c, deltas_of[c.name]) for c in plan.comparisons] + [
@@ -380,11 +419,15 @@ def plan_power(plan: AnalysisPlan | dict[str, Any], runs: Sequence[dict[str, Any
     for c, d in named:
         ok = d["n"] >= 2 and _finite(d["sd"]) and d["sd"] > 0
         margin = c.margin or plan.margin or None
+        strict = None if c.name == plan.gate else strict_level
         rows.append({"name": c.name, "metric": d["metric"], "pilot_n": d["n"], "pilot_mean": d["mean"],
+                     "gate": c.name == plan.gate,
                      "power": stats.plan_power(d["sd"], seeds, plan.effect_of_interest or None, margin, plan.alpha,
-                                               plan.power) if ok else None})
+                                               plan.power) if ok else None,
+                     "strict": stats.plan_power(d["sd"], seeds, plan.effect_of_interest or None, None, strict,
+                                                plan.power) if ok and strict else None})
     return {"seeds": seeds, "alpha": plan.alpha, "target": plan.power, "effect_of_interest":
-            plan.effect_of_interest or None, "comparisons": rows}
+            plan.effect_of_interest or None, "strict_level": strict_level, "comparisons": rows}
 
 
 def plan_inputs(folder: str | Path, override: str | Path | None = None) -> dict[str, Any]:

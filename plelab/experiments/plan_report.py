@@ -50,14 +50,22 @@ def plan_blocks(pa: dict[str, Any] | None) -> list[Block]:
     for r in ev["results"]:
         t = r["test"]
         tost = t.get("tost") or {}
-        rows.append([r["name"], r["kind"].replace("_", "-"), r["metric"], str(t["n"]),
+        rows.append([r["name"] + (" (gate)" if r.get("gate") else ""), r["kind"].replace("_", "-"), r["metric"],
+                     str(t["n"]),
                      f"{fmt(t['mean'], '+.4f')} ± {fmt(t['se'])}", _ci(t.get("ci95")), fmt(t.get("p"), ".3g"),
                      fmt(t.get("p_used"), ".3g"),
                      "-" if not tost else f"±{tost['margin']:g}: p {fmt(tost.get('p'), '.3g')}",
                      r["outcome"], r["predicted"] or "-", r["prediction"] or "-", r["decision"] or "-"])
-    head = (f"{ev['name']}: {ev['question']} " if ev.get("question") else f"{ev['name']}: ") + (
-        f"Test level {ev['alpha']:g}; correction over the plan's {len(rows)} tests: {ev['correction']}; "
-        "the seed is the unit (paired per-seed deltas; a dose-response is the per-seed slope on log2 dose).")
+    gate = ev.get("gate")
+    family = ev.get("family_size", len(rows))
+    gating = "" if not gate else (
+        f"Gate: {gate['name']} is tested first, alone at {ev['alpha']:g}, and came out {gate['outcome']} "
+        f"(predicted {gate['predicted']}): " + ("passed, so the other tests are interpreted. " if gate["passed"] else
+                                               "not passed, so the other tests are description only. "))
+    head = (f"{ev['name']}: {ev['question']} " if ev.get("question") else f"{ev['name']}: ") + gating + (
+        f"Test level {ev['alpha']:g}; correction over the plan's {family} {'other ' if gate else ''}tests: "
+        f"{ev['correction']}; the seed is the unit (paired per-seed deltas; a dose-response is the per-seed slope "
+        "on log2 dose).")
     blocks += [("h", 2, label), ("p", head),
                ("table", ["name", "kind", "metric", "seeds", "Δ ± s.e.", "95 % CI", "p", "p (corrected)",
                           "equivalence (TOST)", "outcome", "predicted", "prediction", "decision"], rows)]
@@ -73,15 +81,27 @@ def power_blocks(power: dict[str, Any]) -> list[Block]:
         p = r.get("power") or {}
         for_effect = "-" if not p.get("effect") else str(p.get("seeds_for_effect") or "> 500")
         for_margin = "-" if not p.get("margin") else str(p.get("seeds_for_equivalence") or "> 500")
-        rows.append([r["name"], r["metric"], str(r.get("pilot_n") or "-"), fmt(p.get("sd"), ".4f"),
-                     str(p.get("n") or "-"), fmt(p.get("mde"), ".4f"), fmt(p.get("effect"), ".4f"),
-                     fmt(p.get("power_at_n"), ".2f"), for_effect, fmt(p.get("margin"), ".4f"), for_margin])
+        rows.append([r["name"] + (" (gate)" if r.get("gate") else ""), r["metric"], str(r.get("pilot_n") or "-"),
+                     fmt(p.get("sd"), ".4f"), str(p.get("n") or "-"), fmt(p.get("mde"), ".4f"),
+                     fmt(p.get("effect"), ".4f"), fmt(p.get("power_at_n"), ".2f"), for_effect,
+                     strict_seeds(r), fmt(p.get("margin"), ".4f"), for_margin])
+    level = power.get("strict_level")
     return [("h", 2, "Power before compute"),
             ("p", f"From the pilot's seed spread (sd of the per-seed paired deltas): the smallest |Δ| the study's "
                   f"{power['seeds']} seeds detect with probability {power['target']:g} (two-sided t test at "
                   f"{power['alpha']:g}, exact noncentral t), the power at the effect of interest, and the seeds it "
-                  "needs; and the seeds TOST needs to show equivalence inside the margin when the true Δ is 0. "
-                  "The pilot's sd is itself an estimate from few seeds: a plan, not a promise."),
+                  "needs (also at Holm's strictest step, "
+                  + ("-" if level is None else f"{level:.3g}") + ", which a family's smallest p must pass; a gate "
+                  "is tested alone); and the seeds TOST needs to show equivalence inside the margin when the true "
+                  "Δ is 0. The pilot's sd is itself an estimate from few seeds: a plan, not a promise."),
             ("table", ["comparison", "metric", "pilot seeds", "pilot sd", "seeds planned", "detectable |Δ|",
-                       "effect of interest", "power", "seeds for the effect", "margin", "seeds for equivalence"],
-             rows)]
+                       "effect of interest", "power", "seeds for the effect", "… at Holm's strictest step",
+                       "margin", "seeds for equivalence"], rows)]
+
+
+def strict_seeds(row: dict[str, Any]) -> str:
+    """Seeds a comparison needs for the effect of interest at Holm's strictest step ("-" when not sized so)."""
+    strict = row.get("strict") or {}
+    if not strict.get("effect"):
+        return "-"
+    return str(strict.get("seeds_for_effect") or "> 500")

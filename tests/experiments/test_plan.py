@@ -215,6 +215,59 @@ def test_bad_interactions_are_refused_with_one_line():
         load_plan({"plan": {"name": "x", "comparisons": other, "interactions": [INTERACTION_PLAN["interactions"][0]]}})
 
 
+GATED_PLAN = {**INTERACTION_PLAN, "gate": "harm6",
+              "comparisons": [{**INTERACTION_PLAN["comparisons"][0], "predicted": "worse"},
+                              {**INTERACTION_PLAN["comparisons"][1], "predicted": "equivalent",
+                               "decisions": {"equivalent": "no harm at 1 pass"}}]}
+
+
+def test_a_gate_is_tested_alone_and_the_others_are_interpreted_only_if_it_passes():
+    harm1 = {1: 0.0, 2: 0.004, 3: 0.001, 4: -0.002}
+    runs, evals = _passes_study({1: 0.015, 2: 0.02, 3: 0.01, 4: 0.016}, harm1)
+    ungated = evaluate_plan(INTERACTION_PLAN, runs, evals)
+    ev = evaluate_plan(GATED_PLAN, runs, evals)
+    gate, h1, grows = ev["results"]
+    # The gate keeps its own p; the Holm family shrinks to the other two tests.
+    assert gate["gate"] and gate["test"]["p_used"] == gate["test"]["p"] < ungated["results"][0]["test"]["p_used"]
+    assert ev["family_size"] == 2 and ev["gate"] == {"name": "harm6", "predicted": "worse", "outcome": "worse",
+                                                     "passed": True}
+    assert h1["test"]["p_used"] <= ungated["results"][1]["test"]["p_used"]
+    assert "gated" not in h1 and h1["prediction"] in ("hit", "miss", "unresolved")
+    # No harm at 6 passes: the gate fails, and a test that would be a hit is description only.
+    failed = evaluate_plan(GATED_PLAN, *_passes_study({s: v + 0.0005 * s for s, v in harm1.items()}, harm1))
+    gate, h1, grows = failed["results"]
+    assert failed["gate"]["passed"] is False and gate["outcome"] != "worse"
+    assert h1["outcome"] == "equivalent" and h1["prediction"] == "unresolved"
+    assert h1["decision"].startswith("not interpreted: the gate harm6 came out") and grows["gated"]
+    from plelab.experiments.plan_report import plan_blocks
+    text = " ".join(str(b) for b in plan_blocks({"status": "registered", "record": {}, "evaluation": failed}))
+    assert "harm6 (gate)" in text and "not passed, so the other tests are description only" in text
+    assert "correction over the plan's 2 other tests" in text
+
+
+def test_a_gate_is_sized_alone_and_the_family_at_holms_strictest_step():
+    from plelab.experiments.plan import plan_power
+    runs, evals = _passes_study({1: 0.015, 2: 0.02, 3: 0.01, 4: 0.016}, {1: 0.0, 2: 0.004, 3: 0.001, 4: -0.002})
+    plan = {**GATED_PLAN, "effect_of_interest": 0.01}
+    power = plan_power(plan, runs, evals, 5)
+    gate, h1, grows = power["comparisons"]
+    assert power["strict_level"] == pytest.approx(0.05 / 2)
+    assert gate["gate"] and gate["strict"] is None
+    assert h1["strict"]["alpha"] == pytest.approx(0.025)
+    assert h1["strict"]["seeds_for_effect"] >= h1["power"]["seeds_for_effect"]
+    ungated = plan_power({**INTERACTION_PLAN, "effect_of_interest": 0.01}, runs, evals, 5)
+    assert ungated["strict_level"] == pytest.approx(0.05 / 3)
+
+
+def test_bad_gates_are_refused_with_one_line():
+    comps = GATED_PLAN["comparisons"]
+    for gate, match in (("nope", "not a registered comparison"), ("harm1", "must predict a difference")):
+        with pytest.raises(ConfigError, match=match):
+            load_plan({"plan": {"name": "x", "comparisons": comps, "gate": gate}})
+    with pytest.raises(ConfigError, match="other tests"):
+        load_plan({"plan": {"name": "x", "comparisons": comps[:1], "gate": "harm6"}})
+
+
 # The sha256 each committed plan was registered (or would be registered) under. A field added to the plan later
 # must not change these: a sweep resumed with newer code would otherwise refuse its own registered plan.
 REGISTERED_PLAN_HASHES = {
@@ -222,6 +275,7 @@ REGISTERED_PLAN_HASHES = {
     "deadzone-law": "f91da1adc79e00036cb5e1d1afb6a321ea5cb91fe05d46731855926834f46a38",
     "ffn-study": "2a8ff63a6ce08b4050d6cc24d9ada460a09659e19711a501a7033eaa39861285",
     "visual-ple-study": "1061c28ff9143f4de6751c4cef828bdb4d569acf9b4f43a48915a239a46f3a4f",
+    "visual-ple-ids": "423931180c6e84cc60e6e5d4529732185655b0ad865b9a4e9408aeac60c8ebb5",  # registered 2026-12-02
 }
 
 
