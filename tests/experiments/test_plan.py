@@ -276,6 +276,7 @@ REGISTERED_PLAN_HASHES = {
     "ffn-study": "2a8ff63a6ce08b4050d6cc24d9ada460a09659e19711a501a7033eaa39861285",
     "visual-ple-study": "1061c28ff9143f4de6751c4cef828bdb4d569acf9b4f43a48915a239a46f3a4f",
     "visual-ple-ids": "423931180c6e84cc60e6e5d4529732185655b0ad865b9a4e9408aeac60c8ebb5",  # registered 2026-12-02
+    "ffn-study-2": "65fea01123311bd70cf83e1ffbf1300199a98ea4378adf540f1a1e7dc278c9bb",  # registered 2026-12-02
 }
 
 

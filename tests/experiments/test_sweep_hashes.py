@@ -2,7 +2,7 @@
 folder's results and checkpoints stay matched to their runs (committed_sweep_hashes.json was written by plelab
 at commit aebcd3e, before the package moves and renames of issue 23; a sweep file added later is recorded when
 it is added: fastpath-check.toml, whose fp32 runs hash equal to deadzone-law-h64.toml's, deadzone-tokens.toml,
-ffn-pilot-2.toml and visual-ple-ids.toml)."""
+ffn-pilot-2.toml, visual-ple-ids.toml and ffn-study-2.toml)."""
 
 from __future__ import annotations
 
