@@ -12,6 +12,7 @@
 #
 # Logs: ../plelab-study-logs/<name>.log. Runs: ../plelab-study-<name>/runs/. Reports from current code:
 #   python3 -m plelab report ../plelab-study-tokens/runs/deadzone-tokens
+#   python3 -m plelab report ../plelab-study-ffn2/runs/ffn-study-2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -20,6 +21,7 @@ LOGS="$REPO/../plelab-study-logs"
 # name | pinned commit | sweep file (relative to the worktree) | prepared data the sweep reads | how to make it
 STUDIES=(
   "ffn-pilot|becacde|configs/sweeps/ffn-pilot-2.toml|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
+  "ffn2|45c20da|configs/sweeps/ffn-study-2.toml|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
   "tokens|f3c5f9e|configs/sweeps/deadzone-tokens.toml|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 )
 
