@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plelab.data.prepare import HELDOUT_DOMAIN
 from plelab.errors import PlelabError
 from plelab.experiments.ffn_study import (
     DECODE_FILE,
@@ -165,6 +166,12 @@ def _gap_cell(p: dict[str, Any]) -> str:
     return _delta(p["gap"], p.get("se")) + status
 
 
+def _timeline_metric(a: dict[str, Any]) -> str:
+    """What the gap timeline measures, in words: the held-out split's loss or the domains' macro loss."""
+    metrics = {p.get("metric", "macro") for pts in a["timeline"].values() for p in pts}
+    return "held-out split loss" if metrics == {HELDOUT_DOMAIN} else "macro loss"
+
+
 def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     """The gap timeline as a table (token counts × variants), the illusory-convergence findings and the plots."""
     others = [v for v in _others(a) if a["timeline"].get(v)]
@@ -172,9 +179,8 @@ def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]
         return [("h", 2, "Gap timeline"), ("p", "No timeline evaluations in this sweep yet.")]
     tokens = sorted({p["tokens"] for v in others for p in a["timeline"][v]})
     at = {v: {p["tokens"]: p for p in a["timeline"][v]} for v in others}
-    metric = {t: next((at[v][t].get("metric") for v in others if t in at[v]), "macro") for t in tokens}
-    rows = [[_tokens(t) + (" (val)" if metric[t] != "macro" else "")] + [_gap_cell(at[v].get(t) or {}) for v in others]
-            for t in tokens]
+    what = _timeline_metric(a)
+    rows = [[_tokens(t)] + [_gap_cell(at[v].get(t) or {}) for v in others] for t in tokens]
     found = []
     for v in others:
         ill = a["variants"][v].get("illusory_at")
@@ -188,14 +194,15 @@ def timeline_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]
             found.append(f"`{v}`: no illusory convergence")
     blocks: list[Block] = [
         ("h", 2, "Gap timeline"),
-        ("p", f"Paired macro gap vs `{a['baseline']}` at each evaluated token count (mean ± s.e. over seeds; nats), "
-              "and its status: open = significant (unadjusted, per point) and not inside the margin, closed = inside "
-              "the margin by TOST (needs a registered margin), otherwise not resolved (rule: illusory_convergence "
-              "above). A point marked (val) scored the held-out split alone (eval_timeline_domains = \"heldout\"): "
-              "its gap is that split's."),
+        ("p", f"Paired gap in {what} vs `{a['baseline']}` at each evaluated token count (mean ± s.e. over seeds; "
+              "nats), and its status: open = significant (unadjusted, per point) and not inside the margin, closed = "
+              "inside the margin by TOST (needs a registered margin), otherwise not resolved (rule: "
+              "illusory_convergence above)."
+              + (" The timeline scored the held-out split alone (eval_timeline_domains = \"heldout\"), so every "
+                 "point, the final one included, is that split's." if what != "macro loss" else "")),
         ("table", ["tokens"] + others, rows), ("list", found)]
-    captions = {"ffn_gap": "Gap to the baseline vs tokens (mean ± s.e. band over seeds; x: log)",
-                "ffn_loss": "Macro loss over the evaluation domains vs tokens (mean ± s.e. band; x: log)"}
+    captions = {"ffn_gap": f"Gap in {what} to the baseline vs tokens (mean ± s.e. band over seeds; x: log)",
+                "ffn_loss": f"{what[0].upper() + what[1:]} vs tokens (mean ± s.e. band; x: log)"}
     blocks += [("img", stem, captions[stem], png) for stem, png in figures.items()]
     return blocks
 
@@ -245,7 +252,8 @@ def ffn_figures(a: dict[str, Any]) -> dict[str, bytes]:
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
-    ax.set_ylabel(f"macro loss − {a['baseline']} (nats, paired)")
+    what = _timeline_metric(a)
+    ax.set_ylabel(f"{what} − {a['baseline']} (nats, paired)")
     ax.set_title("Gap to the baseline over training (circles: illusory convergence)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -257,7 +265,7 @@ def ffn_figures(a: dict[str, Any]) -> dict[str, bytes]:
             _band(ax, [p["tokens"] for p in pts], [p["loss"] for p in pts], [p["loss_se"] for p in pts], v)
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
-    ax.set_ylabel("macro eval loss (nats/token)")
+    ax.set_ylabel(f"{what} (nats/token)")
     ax.set_title("Macro loss over the evaluation domains")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

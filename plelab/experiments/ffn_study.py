@@ -237,25 +237,34 @@ def _num(x: Any) -> float:
 def gap_timeline(timelines: Timelines, baseline: str, variant: str, margin: float | None = None,
                  alpha: float = stats.ALPHA) -> list[dict[str, Any]]:
     """Per token count: paired macro gap vs the baseline (mean, s.e., n, per-seed, 95 % CI, status open / closed /
-    not resolved by RULES['illusory_convergence']), and the variant's macro loss."""
+    not resolved by RULES['illusory_convergence']), and the variant's macro loss; the held-out split's gap and
+    loss at every point instead when the timeline scored that split alone."""
     # Points pair by token count (the x axis); a point without one cannot be placed and is skipped.
     base = {s: {p["tokens"]: p for p in pts if p.get("tokens")} for s, pts in timelines.get(baseline, {}).items()}
     mine = {s: {p["tokens"]: p for p in pts if p.get("tokens")} for s, pts in timelines.get(variant, {}).items()}
     tokens = sorted({t for pts in mine.values() for t in pts})
+    # A timeline that scored the held-out split alone (eval_timeline_domains = "heldout") is read on that split at
+    # every point, the final full evaluation included: one metric along the curve, so a gap that "reopens" is not
+    # the switch from the split to the domains' macro. Otherwise each point pairs the macro over the domains both
+    # runs evaluated there.
+    heldout = any(set(p["domains"]) == {HELDOUT_DOMAIN} for arm in (mine, base) for pts in arm.values()
+                  for p in pts.values())
+    metric = HELDOUT_DOMAIN if heldout else "macro"
+
+    def loss(domains: dict[str, dict[str, float]], among: Iterable[str] | None = None) -> float:
+        return timeline_loss({HELDOUT_DOMAIN: domains.get(HELDOUT_DOMAIN) or {}} if heldout else domains, among)
+
     out = []
     for t in tokens:
         here = {s: pts[t] for s, pts in mine.items() if t in pts}
         there = {s: base[s][t] for s in here if t in base.get(s, {})}
-        # Pair macros over the domains both runs evaluated at this point; a point that scored only the held-out
-        # split (eval_timeline_domains = "heldout") pairs that split's loss.
-        v = {s: timeline_loss(here[s]["domains"], among=there[s]["domains"]) for s in there}
-        b = {s: timeline_loss(there[s]["domains"], among=here[s]["domains"]) for s in there}
+        v = {s: loss(here[s]["domains"], among=there[s]["domains"]) for s in there}
+        b = {s: loss(there[s]["domains"], among=here[s]["domains"]) for s in there}
         gap = paired_delta(b, v)
-        losses = [x for p in here.values() if _finite(x := timeline_loss(p["domains"]))]
+        losses = [x for p in here.values() if _finite(x := loss(p["domains"]))]
         mean_loss, se_loss = stats.mean_se(losses)
-        only_heldout = all(set(p["domains"]) == {HELDOUT_DOMAIN} for p in here.values())
         point = {"tokens": t, "step": next(iter(here.values())).get("step"),
-                 "metric": HELDOUT_DOMAIN if only_heldout else "macro", "gap": gap["delta"], "se": gap["se"],
+                 "metric": metric, "gap": gap["delta"], "se": gap["se"],
                  "n": gap["n"], "per_seed": gap["per_seed"], "loss": mean_loss, "loss_se": se_loss}
         point.update(gap_status(point, margin, alpha))
         out.append(point)

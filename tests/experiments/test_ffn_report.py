@@ -205,3 +205,18 @@ def test_a_variant_sweep_that_also_varies_dp_gets_the_general_sweep_report(tmp_p
     folder = fake_study(tmp_path / "tokens", VARIANTS, done=(), grid={"seed": [1], "model.ple.dim": [0, 4]})
     assert choose_study(folder).name == "sweep"
     assert choose_study(fake_study(tmp_path / "ffn", VARIANTS, done=())).name == "ffn"
+
+
+def test_the_timeline_says_which_loss_it_measures():
+    from plelab.experiments.ffn_report import _timeline_metric, timeline_blocks
+
+    a = {"baseline": "swiglu", "variants": {"narrow": {"illusory_at": None}},
+         "timeline": {"narrow": [{"tokens": t, "metric": "val", "gap": 0.02, "se": 0.005, "n": 3, "status": "open"}
+                                 for t in (1e5, 1e6)]}}
+    assert _timeline_metric(a) == "held-out split loss"
+    text = " ".join(str(b) for b in timeline_blocks(a, {}))
+    assert "Paired gap in held-out split loss" in text and "the final one included" in text
+    for p in a["timeline"]["narrow"]:
+        p["metric"] = "macro"
+    assert _timeline_metric(a) == "macro loss"
+    assert "the final one included" not in " ".join(str(b) for b in timeline_blocks(a, {}))

@@ -170,18 +170,31 @@ def test_gaps_that_do_not_close_and_reopen_are_not_flagged(shape):
     assert a["variants"]["var"]["illusory_convergence"] is False and a["variants"]["var"]["illusory_at"] is None
 
 
-def test_a_timeline_scored_on_the_heldout_split_alone_pairs_that_split():
-    # eval_timeline_domains = "heldout": every point but the last holds only "val"; the gap is read from it.
+def test_a_timeline_scored_on_the_heldout_split_alone_reads_that_split_at_every_point():
+    # eval_timeline_domains = "heldout": every point but the last holds only "val"; the last (the final, full
+    # evaluation) holds val and the domains, whose macro gap differs: the curve stays on val all along.
     gaps = {s: [g + OWN[s] for g in (0.08, 0.05, 0.03, 0.02, 0.02)] for s in SEEDS}
     timelines = _timeline(gaps)
     for runs in timelines.values():
         for points in runs.values():
             for p in points[:-1]:
                 p["domains"] = {"val": {"loss": p["domains"][DOMAINS[0]]["loss"], "bpb": 1.0}}
+            last = points[-1]["domains"]
+            last["val"] = {"loss": last[DOMAINS[0]]["loss"], "bpb": 1.0}
+            for d in DOMAINS:
+                last[d] = {"loss": last[d]["loss"] + (0.3 if runs is timelines["var"] else 0.0), "bpb": 1.0}
     points = analyze_study(finals(lambda d, s: 0.02 + OWN[s]), "base", timelines=timelines)["timeline"]["var"]
-    assert [p["metric"] for p in points] == ["val"] * 4 + ["macro"]
+    assert [p["metric"] for p in points] == ["val"] * 5
     assert points[0]["gap"] == pytest.approx(0.08 + sum(OWN.values()) / 3) and points[0]["n"] == 3
-    assert points[-1]["gap"] == pytest.approx(0.02 + sum(OWN.values()) / 3)
+    assert points[-1]["gap"] == pytest.approx(0.02 + sum(OWN.values()) / 3)  # not the macro's +0.3
+    assert points[-1]["loss"] == pytest.approx(
+        sum(timelines["var"][s][-1]["domains"]["val"]["loss"] for s in SEEDS) / len(SEEDS))
+    # A final point without the split pairs nothing rather than switching metric.
+    for runs in timelines.values():
+        for points in runs.values():
+            del points[-1]["domains"]["val"]
+    points = analyze_study(finals(lambda d, s: 0.02 + OWN[s]), "base", timelines=timelines)["timeline"]["var"]
+    assert points[-1]["metric"] == "val" and points[-1]["n"] == 0
 
 
 OPEN = {"tokens": 0, "gap": 0.08, "se": 0.001, "n": 3, "per_seed": {1: 0.079, 2: 0.08, 3: 0.081}}
