@@ -61,8 +61,10 @@ def print_status(status: dict) -> None:
                "train s", "error"]
     print(text_table(headers, rows))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(status["counts"].items()))
+    left = status["training_left_seconds"]
+    eta = "" if not left else f"~{left / 3600:.1f} h of training left at {status['parallel']} at a time; "
     print(f"\n{status['sweep']}: {counts} of {status['total']} runs; {status['progress']:.0%} of all steps; "
-          f"database {status['database']}")
+          f"{eta}database {status['database']}")
     if status["not_in_grid"]:
         print(f"in the database but no longer in the grid: {', '.join(status['not_in_grid'])}")
     plan = status.get("plan")

@@ -418,6 +418,22 @@ def run_one(sweep: Sweep, name: str) -> str:
         return execute_point(sweep, sweep.point(name), store, quiet=True, extra_callbacks=[ParentWatch()])
 
 
+def training_left(runs: list[dict[str, Any]], parallel: int) -> float | None:
+    """Wall seconds of training the unfinished runs still need, `parallel` at a time, from the finished runs'
+    seconds per step (a variant's own when it has finished runs); evaluation not included. None before any run
+    has finished."""
+    done = [r for r in runs if r["status"] == "done" and r["train_seconds"] and r["step"]]
+    if not done:
+        return None
+    def rate(rs: list[dict[str, Any]]) -> float:
+        return sum(r["train_seconds"] for r in rs) / sum(r["step"] for r in rs)
+    overall = rate(done)
+    by_variant = {v: rate([r for r in done if r["variant"] == v]) for v in {r["variant"] for r in done}}
+    left = sum(max(0, r["max_steps"] - (r["step"] or 0)) * by_variant.get(r["variant"], overall)
+               for r in runs if r["status"] != "done")
+    return left / max(1, parallel)
+
+
 def sweep_status(sweep: Sweep) -> dict[str, Any]:
     """Every run's state (done / running / interrupted / pending / failed), progress and headline numbers."""
     import socket
@@ -450,6 +466,7 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
     total_steps = sum(r["max_steps"] for r in runs)
     done_steps = sum(min(r["step"] or 0, r["max_steps"]) for r in runs)
     return {
+        "training_left_seconds": training_left(runs, sweep.options.parallel), "parallel": sweep.options.parallel,
         "sweep": sweep.options.name, "folder": str(sweep.folder), "database": str(sweep.db_path),
         "runs": runs, "counts": counts, "total": len(runs),
         "progress": done_steps / total_steps if total_steps else 1.0,

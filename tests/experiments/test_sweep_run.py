@@ -16,7 +16,7 @@ from sweep_helpers import write_sweep
 
 from plelab.cli.main import main
 from plelab.experiments.sweep import load_sweep
-from plelab.experiments.sweep_runner import SweepLocked, run_sweep, sweep_lock, sweep_status
+from plelab.experiments.sweep_runner import SweepLocked, run_sweep, sweep_lock, sweep_status, training_left
 from plelab.experiments.sweep_store import SweepStore
 from plelab.runs.metrics import read_metrics
 
@@ -92,6 +92,9 @@ def test_kill_9_mid_sweep_then_rerun_finishes_every_run_exactly_once(tiny_data):
     assert status["dim=0"]["status"] == "done"
     assert status["dim=8"]["status"] == "interrupted" and 0 < status["dim=8"]["step"] < 16
     assert status["dim=16"]["status"] == "pending"
+    rate = status["dim=0"]["train_seconds"] / status["dim=0"]["step"]
+    left = (16 - status["dim=8"]["step"] + 16) * rate  # one at a time
+    assert sweep_status(sweep)["training_left_seconds"] == pytest.approx(left)
     first_done = (sweep.run_dir(sweep.points[0]) / "metrics.jsonl").stat().st_mtime_ns
 
     again = sweep_cli(path)
@@ -150,3 +153,14 @@ def test_a_second_sweep_process_on_the_same_folder_is_refused(finished_sweep):
     sweep = load_sweep(finished_sweep.parent / "sweep.toml")
     with sweep_lock(sweep.folder), pytest.raises(SweepLocked, match="is running"):
         run_sweep(sweep, say=lambda _: None)
+
+
+def test_training_left_uses_each_variants_own_pace_and_the_parallelism():
+    def run(variant, status, step, seconds=None):
+        return {"variant": variant, "status": status, "step": step, "max_steps": 100, "train_seconds": seconds}
+
+    runs = [run("fast", "done", 100, 10.0), run("slow", "done", 100, 40.0), run("fast", "pending", 0),
+            run("slow", "interrupted", 50), run("new", "pending", 0)]
+    # fast 0.1 s/step x 100, slow 0.4 x 50, new at the overall 0.25 x 100; two at a time
+    assert training_left(runs, 2) == pytest.approx((10 + 20 + 25) / 2)
+    assert training_left([run("fast", "pending", 0)], 2) is None  # nothing finished: no pace to go by
