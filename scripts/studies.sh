@@ -35,7 +35,10 @@ status() {
       echo "$name: not set up (worktree $dir at $commit; \`start\` makes it)"
       continue
     fi
-    (cd "$dir" && python3 -m plelab sweep "$sweep" --status | tail -n 2 | head -n 1) || echo "$name: status failed"
+    # -P: the installed plelab (this checkout's code, which reads older sweeps too and says more), not the
+    # worktree's copy; the worktree's when plelab is not installed.
+    (cd "$dir" && { python3 -P -m plelab sweep "$sweep" --status 2>/dev/null || python3 -m plelab sweep "$sweep" \
+      --status; } | tail -n 2 | head -n 1) || echo "$name: status failed"
   done
   pgrep -af "plelab sweep" || echo "(no study running)"
 }
