@@ -23,6 +23,7 @@ COMMANDS = {
     "diagnose": "plelab.cli.diagnose",
     "sweep": "plelab.cli.sweep",
     "report": "plelab.cli.report",
+    "outcomes": "plelab.cli.outcomes",
     "export": "plelab.cli.edge",
     "export-hf": "plelab.cli.export_hf",
     "export-gguf": "plelab.cli.export_gguf",

@@ -1,0 +1,93 @@
+"""The registered outcomes of several studies in one table, computed from their data (`plelab outcomes`).
+
+A study's write-up and the note that closes it quote the same numbers as its report: each registered test's
+delta, interval, corrected p, outcome and whether the prediction hit. Copying them by hand from several reports
+invites slips, so this reads each study's registered plan and per-seed evaluations (a sweep folder, or the
+records.json a committed report keeps) and recomputes them with `plelab.experiments.plan`, the code the reports
+use; and, from a sweep folder, the runs finished and the core-hours of training spent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from plelab.util.pages import fmt
+
+
+def study_outcomes(source: str | Path) -> dict[str, Any]:
+    """One study's registered verdicts (plan.plan_from_inputs), runs finished and training compute."""
+    from plelab.errors import PlelabError
+    from plelab.experiments.plan import plan_from_inputs, plan_inputs
+    from plelab.experiments.records import load_records
+
+    path = Path(source)
+    if path.is_file():
+        rec = load_records(path)
+        if not rec.get("plan_inputs"):
+            raise PlelabError(f"{path} keeps no analysis-plan inputs (a report written before plans were recorded)")
+        inputs, compute = rec["plan_inputs"], None
+    elif path.is_dir():
+        inputs, compute = plan_inputs(path), training_compute(path)
+    else:
+        raise PlelabError(f"{path}: no such sweep folder or records file")
+    analysis = plan_from_inputs(inputs)
+    runs = inputs["runs"]
+    record = analysis.get("record") or {}
+    return {"source": str(path), "status": analysis["status"], "sha256": record.get("sha256"),
+            "evaluation": analysis.get("evaluation"),
+            "runs_done": sum(r["status"] == "done" for r in runs), "runs_total": len(runs), "compute": compute}
+
+
+def training_compute(folder: str | Path) -> dict[str, Any]:
+    """Core-hours of training the sweep's finished runs recorded (evaluation and restarts not included)."""
+    from plelab.experiments.sweep import DB_FILE
+    from plelab.experiments.sweep_store import SweepStore
+
+    with SweepStore(Path(folder) / DB_FILE, readonly=True) as store:
+        done = [r for r in store.runs() if r["status"] == "done"]
+    return {"train_core_hours": sum(r.get("train_seconds") or 0.0 for r in done) / 3600,
+            "steps": sum(r.get("steps") or 0 for r in done), "tokens": sum(r.get("tokens") or 0 for r in done)}
+
+
+def outcome_rows(studies: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per registered test of every study: study, test, metric, seeds, delta, CI, p, outcome, prediction."""
+    rows = []
+    for s in studies:
+        ev = s.get("evaluation") or {}
+        study = ev.get("name") or s["source"]
+        for r in ev.get("results", []):
+            t = r["test"]
+            ci = t.get("ci95")
+            rows.append([study, r["name"] + (" (gate)" if r.get("gate") else ""), r["metric"], str(t["n"]),
+                         "-" if not t["n"] else f"{fmt(t['mean'], '+.4f')} ± {fmt(t['se'], '.4f')}",
+                         "-" if not ci else f"[{fmt(ci[0], '+.4f')}, {fmt(ci[1], '+.4f')}]",
+                         fmt(t.get("p_used"), ".2g"), r["outcome"], r["predicted"] or "-",
+                         r["prediction"] or "-"])
+    return rows
+
+
+OUTCOME_HEADERS = ["study", "test", "metric", "seeds", "Δ ± s.e. (nats)", "95 % CI", "p (corrected)", "outcome",
+                   "predicted", "prediction"]
+
+
+def study_lines(studies: list[dict[str, Any]]) -> list[str]:
+    """Per study: plan status and hash, runs finished, compute, and the gate when the plan has one."""
+    lines = []
+    for s in studies:
+        ev = s.get("evaluation") or {}
+        compute = s.get("compute")
+        spent = "compute: not in a records file" if compute is None else (
+            f"{compute['train_core_hours']:.2f} core-hours of training, {compute['tokens'] / 1e6:,.1f}M tokens")
+        gate = ev.get("gate")
+        if not gate:
+            gated = ""
+        elif gate["outcome"] == "n/a":
+            gated = f"; gate {gate['name']}: no paired seeds yet"
+        else:
+            gated = (f"; gate {gate['name']}: {gate['outcome']} "
+                     f"({'passed' if gate['passed'] else 'not passed: the rest is description only'})")
+        lines.append(f"{ev.get('name') or s['source']}: plan {s['status']}"
+                     f"{' (sha256 ' + s['sha256'][:12] + ')' if s.get('sha256') else ''}; {s['runs_done']} of "
+                     f"{s['runs_total']} runs done; {spent}{gated}; from {s['source']}")
+    return lines

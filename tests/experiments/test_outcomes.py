@@ -1,0 +1,43 @@
+"""`plelab outcomes`: a study's registered verdicts recomputed from its sweep folder or its committed records."""
+
+from __future__ import annotations
+
+import json
+
+from test_ffn_report import VARIANTS, fake_study
+
+from plelab.cli.main import main
+from plelab.experiments.outcomes import outcome_rows, study_outcomes
+from plelab.experiments.sweep_store import SweepStore
+
+
+def test_outcomes_match_the_report_from_the_folder_and_from_its_records(tmp_path, capsys):
+    study = fake_study(tmp_path / "study", VARIANTS)
+    with SweepStore(study / "sweep.sqlite") as store:
+        store.db.execute("UPDATE runs SET train_seconds = 1800, tokens = 1000000 WHERE status = 'done'")
+        store.db.commit()
+    from_folder = study_outcomes(study)
+    assert from_folder["status"] == "registered" and from_folder["runs_done"] == from_folder["runs_total"] == 6
+    assert from_folder["compute"]["train_core_hours"] == 3.0 and from_folder["compute"]["tokens"] == 6_000_000
+    results = {r["name"]: r for r in from_folder["evaluation"]["results"]}
+    assert results["mglu_val"]["outcome"] == "worse" and results["mglu_val"]["prediction"] == "hit"
+
+    assert main(["report", str(study), "--out", str(tmp_path / "report"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    registered = {r["name"]: r for r in report["plan"]["evaluation"]["results"]}
+    for name, r in results.items():  # the same numbers the report prints
+        assert r["test"]["mean"] == registered[name]["test"]["mean"] and r["outcome"] == registered[name]["outcome"]
+    from_records = study_outcomes(tmp_path / "report" / "records.json")
+    assert from_records["compute"] is None
+    assert outcome_rows([from_records]) == outcome_rows([from_folder])
+
+    assert main(["outcomes", str(study), str(tmp_path / "report" / "records.json"), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| ffn-test | mglu_val | val | 3 |") == 2 and "3.00 core-hours of training" in out
+    assert "compute: not in a records file" in out
+
+
+def test_a_missing_source_is_one_line(tmp_path, capsys):
+    assert main(["outcomes", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no such sweep folder or records file" in err and "\n" not in err
