@@ -19,10 +19,12 @@ REPO=$(pwd)
 LOGS="$REPO/../plelab-study-logs"
 
 # name | pinned commit | sweep file (relative to the worktree) | prepared data the sweep reads | how to make it
+# (last, not a study: issue 25's same-science check of dtype = "bf16-head", which a later study may then use)
 STUDIES=(
   "ffn-pilot|becacde|configs/sweeps/ffn-pilot-2.toml|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
   "ffn2|45c20da|configs/sweeps/ffn-study-2.toml|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
   "tokens|f3c5f9e|configs/sweeps/deadzone-tokens.toml|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
+  "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 )
 
 worktree() { echo "$REPO/../plelab-study-$1"; }
