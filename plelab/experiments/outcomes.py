@@ -84,10 +84,13 @@ def study_lines(studies: list[dict[str, Any]]) -> list[str]:
             gated = ""
         elif gate["outcome"] == "n/a":
             gated = f"; gate {gate['name']}: no paired seeds yet"
+        elif s["runs_done"] < s["runs_total"]:
+            gated = f"; gate {gate['name']}: {gate['outcome']} so far (interim: the study is unfinished)"
         else:
             gated = (f"; gate {gate['name']}: {gate['outcome']} "
                      f"({'passed' if gate['passed'] else 'not passed: the rest is description only'})")
-        lines.append(f"{ev.get('name') or s['source']}: plan {s['status']}"
+        unfinished = " (unfinished: every outcome above is interim)" if s["runs_done"] < s["runs_total"] else ""
+        lines.append(f"{ev.get('name') or s['source']}{unfinished}: plan {s['status']}"
                      f"{' (sha256 ' + s['sha256'][:12] + ')' if s.get('sha256') else ''}; {s['runs_done']} of "
                      f"{s['runs_total']} runs done; {spent}{gated}; from {s['source']}")
     return lines

@@ -34,7 +34,13 @@ def test_outcomes_match_the_report_from_the_folder_and_from_its_records(tmp_path
     assert main(["outcomes", str(study), str(tmp_path / "report" / "records.json"), "--markdown"]) == 0
     out = capsys.readouterr().out
     assert out.count("| ffn-test | mglu_val | val | 3 |") == 2 and "3.00 core-hours of training" in out
-    assert "compute: not in a records file" in out
+    assert "compute: not in a records file" in out and "interim" not in out
+
+
+def test_an_unfinished_study_says_its_outcomes_are_interim(tmp_path, capsys):
+    study = fake_study(tmp_path / "study", VARIANTS, done=("swiglu",))
+    assert main(["outcomes", str(study)]) == 0
+    assert "(unfinished: every outcome above is interim)" in capsys.readouterr().out
 
 
 def test_a_missing_source_is_one_line(tmp_path, capsys):
