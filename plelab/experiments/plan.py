@@ -154,8 +154,8 @@ class AnalysisPlan:
     """Over every comparison, dose-response and interaction of the plan but the gate: "holm" or "none"."""
     gate: str = ""
     """A registered comparison tested first, alone at alpha, predicting "worse" or "better": the other tests are
-    interpreted only if it comes out so (fixed-sequence gatekeeping keeps the chance of any false claim at alpha,
-    and the gate does not pay the correction the others share). "" = no gate."""
+    interpreted only if it comes out exactly so, not "within margin" (fixed-sequence gatekeeping keeps the chance
+    of any false claim at alpha, and the gate does not pay the correction the others share). "" = no gate."""
     margin: float = 0.0
     """The study's equivalence margin (metric units); 0 = none, so "no difference" cannot be concluded."""
     trained_tolerance: float = 0.05
@@ -381,7 +381,9 @@ def _apply_gate(plan: AnalysisPlan, results: list[dict[str, Any]]) -> dict[str, 
     """Mark the gate's result; when it did not come out as predicted, every other test is description only."""
     by_name = {r["name"]: r for r in results}
     gate = by_name[plan.gate]
-    passed = gate["outcome"] in HITS[gate["predicted"]]
+    # Exactly the predicted outcome: "worse, within margin" (significant, yet inside the equivalence margin) takes
+    # the "equivalent" decision, which for a gate says the question is not open here.
+    passed = gate["outcome"] == gate["predicted"]
     gate["gate"] = True
     for r in results:
         if r is gate or passed:

@@ -243,6 +243,10 @@ def test_a_gate_is_tested_alone_and_the_others_are_interpreted_only_if_it_passes
     text = " ".join(str(b) for b in plan_blocks({"status": "registered", "record": {}, "evaluation": failed}))
     assert "harm6 (gate)" in text and "not passed, so the other tests are description only" in text
     assert "correction over the plan's 2 other tests" in text
+    # Significantly worse but inside the margin is not the predicted "worse": the gate does not open.
+    small = evaluate_plan({**GATED_PLAN, "margin": 0.05}, runs, evals)
+    assert small["results"][0]["outcome"] == "worse, within margin" and small["gate"]["passed"] is False
+    assert small["results"][1]["prediction"] == "unresolved"
 
 
 def test_a_gate_is_sized_alone_and_the_family_at_holms_strictest_step():
