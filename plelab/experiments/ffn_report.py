@@ -266,7 +266,7 @@ def ffn_figures(a: dict[str, Any]) -> dict[str, bytes]:
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
     ax.set_ylabel(f"{what} (nats/token)")
-    ax.set_title("Macro loss over the evaluation domains")
+    ax.set_title(f"{what[0].upper() + what[1:]} over training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     out["ffn_loss"] = _png(fig)
