@@ -8,7 +8,14 @@
 #
 #   bash scripts/studies.sh status     # where each study stands (reads only)
 #   bash scripts/studies.sh start      # prepare what is missing, then run the unfinished studies one after another
-#   bash scripts/studies.sh stop       # stop them (a later start resumes)
+#   bash scripts/studies.sh save       # snapshot each study's database into studies/<name>.sql (commit those)
+#   bash scripts/studies.sh stop       # stop them, then save (a later start resumes)
+#
+# The worktrees and their run folders live on this machine's disk only; a new machine starts without them. What
+# carries a study across machines is studies/<name>.sql, its database as SQL text (`plelab sweep --snapshot`):
+# every finished run's config, result, evaluation and timeline. `start` seeds a missing sweep folder from it
+# (`plelab sweep --restore`, refused if the prepared data came out different), so only the runs that were
+# unfinished at the last snapshot train again. A running chain saves every 10 minutes; commit studies/ often.
 #
 # Logs: ../plelab-study-logs/<name>.log. Runs: ../plelab-study-<name>/runs/. Reports from current code:
 #   python3 -m plelab report ../plelab-study-tokens/runs/deadzone-tokens
@@ -17,24 +24,32 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 LOGS="$REPO/../plelab-study-logs"
+SNAPSHOTS="$REPO/studies"
 
-# name | pinned commit | sweep file (relative to the worktree) | prepared data the sweep reads | how to make it
+# name | pinned commit | sweep file (relative to the worktree) | its sweep folder | prepared data the sweep reads |
+# how to make it
 # (last, not a study: issue 25's same-science check of dtype = "bf16-head", which a later study may then use)
+# (The FFN pilot, configs/sweeps/ffn-pilot-2.toml at becacde, has finished: its records are in docs/ffn-study/pilot2.)
 STUDIES=(
-  "ffn-pilot|becacde|configs/sweeps/ffn-pilot-2.toml|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
-  "ffn2|45c20da|configs/sweeps/ffn-study-2.toml|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
-  "tokens|f3c5f9e|configs/sweeps/deadzone-tokens.toml|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
-  "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
+  "ffn2|45c20da|configs/sweeps/ffn-study-2.toml|runs/ffn-study-2|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
+  "tokens|f3c5f9e|configs/sweeps/deadzone-tokens.toml|runs/deadzone-tokens|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
+  "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|runs/fastpath-check|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 )
 
 worktree() { echo "$REPO/../plelab-study-$1"; }
 
 status() {
   for entry in "${STUDIES[@]}"; do
-    IFS='|' read -r name commit sweep data _ <<<"$entry"
+    IFS='|' read -r name commit sweep folder data _ <<<"$entry"
     dir=$(worktree "$name")
-    if [[ ! -d "$dir" ]]; then
-      echo "$name: not set up (worktree $dir at $commit; \`start\` makes it)"
+    snap="$SNAPSHOTS/$name.sql"
+    if [[ ! -f "$dir/$folder/sweep.sqlite" ]]; then
+      if [[ -f "$snap" ]]; then
+        echo "$name: not running here; its snapshot $snap says: $(head -n 1 "$snap" | python3 -c \
+          'import json,sys; h=json.loads(sys.stdin.read().split(" ",2)[2]); print(h["runs"], "at", h["taken"])')"
+      else
+        echo "$name: not started (worktree $dir at $commit; \`start\` makes it)"
+      fi
       continue
     fi
     # -P: the installed plelab (this checkout's code, which reads older sweeps too and says more), not the
@@ -54,14 +69,20 @@ start() {
   mkdir -p "$LOGS"
   chain=""
   for entry in "${STUDIES[@]}"; do
-    IFS='|' read -r name commit sweep data prepare <<<"$entry"
+    IFS='|' read -r name commit sweep folder data prepare <<<"$entry"
     dir=$(worktree "$name")
     [[ -d "$dir" ]] || git worktree add --detach "$dir" "$commit"
     [[ "$(git -C "$dir" rev-parse --short=7 HEAD)" == "$commit" ]] \
       || { echo "$dir is not at $commit: a study runs from its pinned commit only" >&2; exit 2; }
+    snap="$SNAPSHOTS/$name.sql"
     chain+="cd '$dir' && { [[ -f '$data/manifest.json' ]] || $prepare; } && "
+    # -P: this checkout's plelab (the pinned commit may predate --restore); the sweep itself runs the pinned code.
+    chain+="{ [[ -f '$folder/sweep.sqlite' || ! -f '$snap' ]] || python3 -P -m plelab sweep '$sweep' --restore '$snap'; } && "
     chain+="python3 -m plelab sweep '$sweep' --quiet >> '$LOGS/$name.log' 2>&1; "
   done
+  mkdir -p "$SNAPSHOTS"
+  chain="(while sleep 600; do bash '$REPO/scripts/studies.sh' save; done) & saver=\$!; $chain"
+  chain+="kill \$saver; bash '$REPO/scripts/studies.sh' save"
   # Its own process group, so `stop` ends the chain too (not only the running sweep, after which the chain
   # would start the next study).
   setsid bash -c "$chain" >> "$LOGS/studies.log" 2>&1 < /dev/null &
@@ -82,11 +103,23 @@ stop() {
   for _ in $(seq 60); do pgrep -g "$group" >/dev/null || break; sleep 1; done
   pgrep -g "$group" >/dev/null && echo "still stopping: check again with status" >&2
   echo "stopped (resumable: bash scripts/studies.sh start)"
+  save
+}
+
+save() {
+  mkdir -p "$SNAPSHOTS"
+  for entry in "${STUDIES[@]}"; do
+    IFS='|' read -r name commit sweep folder _ <<<"$entry"
+    dir=$(worktree "$name")
+    [[ -f "$dir/$folder/sweep.sqlite" ]] || continue
+    (cd "$dir" && python3 -P -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql") || echo "$name: snapshot failed" >&2
+  done
 }
 
 case "${1:-status}" in
   status) status ;;
   start) start ;;
   stop) stop ;;
-  *) echo "usage: bash scripts/studies.sh [status|start|stop]" >&2; exit 2 ;;
+  save) save ;;
+  *) echo "usage: bash scripts/studies.sh [status|start|save|stop]" >&2; exit 2 ;;
 esac

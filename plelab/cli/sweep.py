@@ -21,6 +21,9 @@ def add_parser(sub) -> None:
         "  plelab sweep configs/sweeps/deadzone-small.toml --set base.data=/tmp/plelab-data --set grid.seed=[1]\n"
         "  plelab sweep configs/sweeps/deadzone-small.toml --restart-changed   # after editing trained runs' values\n"
         "  plelab sweep configs/sweeps/ffn-study.toml --power --pilot runs/ffn-pilot   # size it before it runs\n"
+        "  plelab sweep configs/sweeps/deadzone-small.toml --snapshot studies/deadzone-small.sql   # keep finished "
+        "runs in git\n"
+        "  plelab sweep configs/sweeps/deadzone-small.toml --restore studies/deadzone-small.sql    # on a new machine\n"
         "  plelab report runs/deadzone-small",
         run,
     )
@@ -40,6 +43,14 @@ def add_parser(sub) -> None:
     p.add_argument("--pilot", metavar="DIR",
                    help="with --power: the pilot sweep folder whose paired seed spread is used (default: this sweep's "
                         "own finished runs)")
+    p.add_argument("--snapshot", metavar="FILE",
+                   help="train nothing: write the sweep database as SQL text to FILE (finished runs' configs, results, "
+                        "evaluations and timelines, the registered plan, and the hashes of the data they read), small "
+                        "enough to commit, so a study survives the loss of its machine")
+    p.add_argument("--restore", metavar="FILE",
+                   help="train nothing: seed this sweep's folder, which must have no database yet, from a --snapshot "
+                        "FILE; its finished runs count as done, unfinished ones train again from the start; refused "
+                        "when the prepared data differs from what the snapshot's runs read")
     p.add_argument("--run", help=argparse.SUPPRESS)  # internal: one point, in a subprocess started by the sweep
     add_set_flag(p)
 
@@ -111,6 +122,24 @@ def _power(sweep, args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot(sweep, args: argparse.Namespace) -> int:
+    """`--snapshot FILE` / `--restore FILE`: the database to or from SQL text."""
+    from plelab.experiments.sweep_snapshot import restore_snapshot, write_snapshot
+
+    if args.snapshot and args.restore:
+        raise SystemExit("plelab sweep: give --snapshot or --restore, not both")
+    result = write_snapshot(sweep, args.snapshot) if args.snapshot else restore_snapshot(sweep, args.restore)
+    if args.json:
+        print_json(result)
+        return 0
+    runs = result.get("restored", result["runs"])
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(runs.items()))
+    done = "unchanged since its last snapshot" if result.get("unchanged") else "wrote"
+    print(f"{sweep.options.name}: {done} {args.snapshot} ({counts})" if args.snapshot else
+          f"{sweep.options.name}: restored {sweep.db_path} from {args.restore} (taken {result['taken']}): {counts}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Expand the sweep, then show its status, run one point, or run them all."""
     from plelab.experiments.sweep import load_sweep
@@ -123,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         return 0 if run_one(sweep, args.run) == "done" else 1
     if args.power:
         return _power(sweep, args)
+    if args.snapshot or args.restore:
+        return _snapshot(sweep, args)
     if args.status:
         status = sweep_status(sweep)
         print_json(status) if args.json else print_status(status)
