@@ -297,9 +297,10 @@ def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "num
     data = load_study(folder)
     out: dict[str, dict[str, Any]] = {}
     for v in data["variants"]:
-        seeds = sorted(s for var, s in data["run_dirs"] if var == v)
+        # A run restored from a snapshot (plelab sweep --restore) has its record but no folder on this disk.
+        seeds = sorted(s for (var, s), d in data["run_dirs"].items() if var == v and Path(d).is_dir())
         if not seeds:
-            say(f"decode: variant {v} has no finished run; skipped")
+            say(f"decode: variant {v} has no finished run whose folder is on this disk; skipped")
             continue
         run_dir = data["run_dirs"][(v, seeds[0])]
         say(f"decode: {v} (seed {seeds[0]}, {tokens} tokens, {runtime} runtime) ...")

@@ -132,6 +132,10 @@ def test_decode_json_adds_the_decode_columns(study, capsys):
 
 def test_measure_decode_times_each_variants_first_seed_and_writes_decode_json(study, monkeypatch, capsys):
     calls = []
+    # the constructed runs have records but no folders, as after `plelab sweep --restore` on a new machine: only
+    # runs whose folder is on this disk can be exported and timed (swiglu's seed 1 is not)
+    for name in ("variant=swiglu,seed=2", "variant=swiglu,seed=3", "variant=mglu,seed=1"):
+        (study / "runs" / name).mkdir(parents=True)
 
     def measure_decode(run_dir, tokens=64, runtime="numpy", quant="fp32", **_):
         calls.append((Path(run_dir).name, tokens, runtime, quant))
@@ -143,14 +147,14 @@ def test_measure_decode_times_each_variants_first_seed_and_writes_decode_json(st
     assert main(["report", str(study), "--measure-decode", "--decode-tokens", "8", "--decode-runtime", "c",
                  "--json"]) == 0
     captured = capsys.readouterr()
-    # seed 1 of each variant, exported at the precision the inference-bytes column counts
-    assert sorted(calls) == [("variant=mglu,seed=1", 8, "c", "fp16"), ("variant=swiglu,seed=1", 8, "c", "fp16")]
+    # each variant's first seed with a folder, exported at the precision the inference-bytes column counts
+    assert sorted(calls) == [("variant=mglu,seed=1", 8, "c", "fp16"), ("variant=swiglu,seed=2", 8, "c", "fp16")]
     assert "idle machine" in captured.err and "decode: mglu: mglu FFN not supported" in captured.err
     a = json.loads(captured.out)
     assert a["variants"]["swiglu"]["bytes_per_token"] == 999 and "tokens_per_s" not in a["variants"]["mglu"]
     assert "variant 'mglu': decode not measured (mglu FFN not supported by the c runtime yet)" in a["notes"]
     saved = json.loads((study / DECODE_FILE).read_text())
-    assert saved["swiglu"]["seed"] == 1 and saved["swiglu"]["tokens_per_s"] == 10.0 and "error" in saved["mglu"]
+    assert saved["swiglu"]["seed"] == 2 and saved["swiglu"]["tokens_per_s"] == 10.0 and "error" in saved["mglu"]
 
 
 def test_missing_variants_are_noted_and_the_report_still_renders(tmp_path, capsys):
