@@ -279,6 +279,16 @@ def sample_note(evals: dict[str, dict[str, dict[str, Any]]]) -> str | None:
         "run from")
 
 
+def folder_note(points: list[dict[str, Any]]) -> str | None:
+    """A note when finished runs have no training log on this disk (restored from a snapshot), else None."""
+    missing = [p for p in points if not (Path(p["dir"]) / "metrics.jsonl").is_file()]
+    if not missing:
+        return None
+    return (f"{len(missing)} of {len(points)} finished runs have no run folder on this disk (restored from a "
+            "snapshot: `plelab sweep --restore`): their evaluations and results are in every table, but the "
+            f"training-loss curves and injection heatmaps show only the other {len(points) - len(missing)}")
+
+
 def with_eval_losses(point: dict[str, Any], domains: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The point plus 'heldout' (the held-out split's loss, None when not evaluated) and 'domains_macro'.
 
@@ -319,11 +329,11 @@ def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[st
     groups: dict[str, list[dict[str, Any]]] = {}
     for p in done:
         groups.setdefault(group_key(p["values"]), []).append(p)
-    note = sample_note({p["name"]: evals.get(p["name"], {}) for p in done})
+    notes = [n for n in (sample_note({p["name"]: evals.get(p["name"], {}) for p in done}), folder_note(done)) if n]
     analysed = [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()]
     return _jsonable({
         "sweep": meta.get("name", folder.name), "folder": str(folder), "grid": meta.get("grid", {}),
-        "notes": [note] if note else [],
+        "notes": notes,
         "counts": dict(Counter(r["status"] for r in runs)), "total_runs": len(runs),
         "rules": STEP_RULES, "noise_sigmas": NOISE_SIGMAS,
         "groups": analysed, "tokens_curve": gain_vs_tokens(analysed),

@@ -10,6 +10,7 @@ import pytest
 
 from plelab.cli.main import main
 from plelab.errors import PlelabError
+from plelab.experiments.analysis import analyze_sweep
 from plelab.experiments.sweep import load_sweep
 from plelab.experiments.sweep_runner import run_sweep
 from plelab.experiments.sweep_snapshot import read_header, restore_snapshot, write_snapshot
@@ -44,6 +45,12 @@ def test_a_snapshot_restores_every_finished_run_and_the_sweep_trains_nothing(fin
     assert _contents(sweep.db_path) == _contents(finished_sweep / "sweep.sqlite")
     assert run_sweep(sweep, quiet=True, say=lambda _: None) == {"done": 4}
     assert not (sweep.folder / "runs").exists()  # nothing was trained again
+
+    # the report reads the restored records, and says which of its plots lack the runs' training logs
+    restored, original = analyze_sweep(sweep.folder), analyze_sweep(finished_sweep)
+    assert [g["table"] for g in restored["groups"]] == [g["table"] for g in original["groups"]]
+    assert not any("no run folder" in n for n in original["notes"])
+    assert any(n.startswith("4 of 4 finished runs have no run folder on this disk") for n in restored["notes"])
 
 
 def test_unfinished_runs_come_back_pending_and_train_from_their_start(finished_sweep, tmp_path):
