@@ -36,6 +36,11 @@ STUDIES=(
   "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|runs/fastpath-check|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 )
 
+# Studies whose checks read the runs' per-step training curves (the fast path's curve comparison): their
+# snapshots also keep each finished run's metrics.jsonl (studies/<name>.sql.logs/). The others' verdicts need only
+# the database, and their logs would be megabytes a run.
+WITH_LOGS=" fastpath "
+
 worktree() { echo "$REPO/../plelab-study-$1"; }
 
 status() {
@@ -112,7 +117,10 @@ save() {
     IFS='|' read -r name commit sweep folder _ <<<"$entry"
     dir=$(worktree "$name")
     [[ -f "$dir/$folder/sweep.sqlite" ]] || continue
-    (cd "$dir" && python3 -P -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql") || echo "$name: snapshot failed" >&2
+    logs=""
+    [[ "$WITH_LOGS" == *" $name "* ]] && logs="--with-logs"
+    (cd "$dir" && python3 -P -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql" $logs) \
+      || echo "$name: snapshot failed" >&2
   done
 }
 

@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
                    help="train nothing: write the sweep database as SQL text to FILE (finished runs' configs, results, "
                         "evaluations and timelines, the registered plan, and the hashes of the data they read), small "
                         "enough to commit, so a study survives the loss of its machine")
+    p.add_argument("--with-logs", action="store_true",
+                   help="with --snapshot: also keep each finished run's training log (metrics.jsonl, gzip) in "
+                        "FILE.logs/, for analyses that read per-step curves; --restore puts them back")
     p.add_argument("--restore", metavar="FILE",
                    help="train nothing: seed this sweep's folder, which must have no database yet, from a --snapshot "
                         "FILE; its finished runs count as done, unfinished ones train again from the start; refused "
@@ -128,12 +131,17 @@ def _snapshot(sweep, args: argparse.Namespace) -> int:
 
     if args.snapshot and args.restore:
         raise SystemExit("plelab sweep: give --snapshot or --restore, not both")
-    result = write_snapshot(sweep, args.snapshot) if args.snapshot else restore_snapshot(sweep, args.restore)
+    if args.with_logs and not args.snapshot:
+        raise SystemExit("plelab sweep: --with-logs goes with --snapshot (--restore puts back whatever logs it finds)")
+    result = (write_snapshot(sweep, args.snapshot, logs=args.with_logs) if args.snapshot
+              else restore_snapshot(sweep, args.restore))
     if args.json:
         print_json(result)
         return 0
     runs = result.get("restored", result["runs"])
     counts = ", ".join(f"{n} {k}" for k, n in sorted(runs.items()))
+    logs = result.get("logs_written", result.get("logs_restored"))
+    counts += f"; {logs} training logs {'kept' if args.snapshot else 'restored'}" if logs else ""
     done = "unchanged since its last snapshot" if result.get("unchanged") else "wrote"
     print(f"{sweep.options.name}: {done} {args.snapshot} ({counts})" if args.snapshot else
           f"{sweep.options.name}: restored {sweep.db_path} from {args.restore} (taken {result['taken']}): {counts}")

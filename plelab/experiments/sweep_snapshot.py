@@ -5,6 +5,10 @@ does not have. The database alone holds what a report needs from a finished run 
 per-domain evaluation, timeline, the registered plan), so committing its text form keeps every finished run.
 Runs unfinished when the snapshot was taken train again from their start after a restore.
 
+With `logs`, each finished run's training log (RUN_DIR/metrics.jsonl, gzip) is kept too, once, in FILE.logs/:
+for studies whose checks read the per-step curves (the FFN and tokens studies' verdicts need only the database;
+a curve comparison such as the fast path's same-science check needs the logs).
+
 The snapshot also records which prepared data the runs read (tokenizer and shard hashes from each manifest): a
 restore on a machine whose data came out different (another tokenizer, other shards) is refused, since runs
 trained on other tokens are not comparable with the ones still to come.
@@ -12,6 +16,7 @@ trained on other tokens are not comparable with the ones still to come.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sqlite3
@@ -27,6 +32,7 @@ from plelab.util.fs import atomic_write_bytes
 
 FORMAT = "plelab-sweep-snapshot/1"
 HEADER = "-- " + FORMAT + " "
+METRICS_FILE = "metrics.jsonl"
 
 
 def data_identity(path: str) -> dict[str, Any] | None:
@@ -47,8 +53,39 @@ def sweep_data(sweep: Sweep) -> dict[str, dict[str, Any] | None]:
     return {p: data_identity(p) for p in sorted({point.config.data for point in sweep.points if point.config.data})}
 
 
-def write_snapshot(sweep: Sweep, out: str | Path) -> dict[str, Any]:
-    """Write the sweep database as SQL text (atomically) with a header naming the sweep and its data."""
+def logs_dir(snapshot: str | Path) -> Path:
+    """Where a snapshot keeps its runs' training logs: FILE.logs/ beside it."""
+    return Path(f"{snapshot}.logs")
+
+
+def _save_logs(sweep: Sweep, copy: sqlite3.Connection, out: str | Path) -> int:
+    """Copy each finished run's metrics.jsonl (gzip) into FILE.logs/ unless already there; returns how many."""
+    folder, written = logs_dir(out), 0
+    for (name,) in copy.execute("SELECT name FROM runs WHERE status = 'done' ORDER BY idx"):
+        src, dest = sweep.run_dir(name) / METRICS_FILE, folder / f"{name}.{METRICS_FILE}.gz"
+        if dest.is_file() or not src.is_file():  # a finished run's log does not change
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(dest, gzip.compress(src.read_bytes(), mtime=0))  # mtime 0: same log, same bytes
+        written += 1
+    return written
+
+
+def _read_logs(source: str | Path) -> dict[str, bytes]:
+    """{run: its training log} for every log in FILE.logs/, each checked to decompress."""
+    out, suffix = {}, f".{METRICS_FILE}.gz"
+    folder = logs_dir(source)
+    for path in sorted(folder.glob(f"*{suffix}")) if folder.is_dir() else []:
+        try:
+            out[path.name[: -len(suffix)]] = gzip.decompress(path.read_bytes())
+        except (OSError, EOFError) as exc:
+            raise PlelabError(f"{path} is damaged ({exc}); nothing was restored") from None
+    return out
+
+
+def write_snapshot(sweep: Sweep, out: str | Path, logs: bool = False) -> dict[str, Any]:
+    """Write the sweep database as SQL text (atomically) with a header naming the sweep and its data; with
+    `logs`, also the finished runs' training logs not yet in FILE.logs/."""
     if not sweep.db_path.is_file():
         raise PlelabError(f"{sweep.folder} has no database yet ({sweep.db_path}): nothing to snapshot")
     with SweepStore(sweep.db_path, readonly=True) as store:
@@ -56,13 +93,14 @@ def write_snapshot(sweep: Sweep, out: str | Path) -> dict[str, Any]:
         store.db.backup(copy)  # one consistent read, even while a sweep writes (WAL)
     counts = dict(copy.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
     body = "\n".join(copy.iterdump()) + "\n"
+    logs_written = _save_logs(sweep, copy, out) if logs else 0
     copy.close()
     header = {"sweep": sweep.options.name, "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "runs": counts, "data": sweep_data(sweep)}
     if _body(out) == body:  # nothing new since the last snapshot: leave the file (and its git history) alone
-        return {**read_header(out), "unchanged": True}
+        return {**read_header(out), "unchanged": True, "logs_written": logs_written}
     atomic_write_bytes(out, (HEADER + json.dumps(header, sort_keys=True) + "\n" + body).encode("utf-8"))
-    return header
+    return {**header, "logs_written": logs_written}
 
 
 def _body(path: str | Path) -> str | None:
@@ -116,12 +154,19 @@ def restore_snapshot(sweep: Sweep, source: str | Path) -> dict[str, Any]:
     with sweep_lock(sweep.folder):  # no sweep may start in the folder meanwhile
         if sweep.db_path.exists():
             raise PlelabError(f"{sweep.db_path} appeared while restoring; nothing was restored")
-        counts = _load_sql(sql, sweep.db_path, source)
-    return {**header, "restored": counts}
+        logs = _read_logs(source)  # all read before anything is written
+        counts, done = _load_sql(sql, sweep.db_path, source)
+        restored = [name for name in done if name in logs]
+        for name in restored:  # a finished run's folder holds only its log: it is not trained again
+            sweep.run_dir(name).mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(sweep.run_dir(name) / METRICS_FILE, logs[name])
+    return {**header, "restored": counts, "logs_restored": len(restored)}
 
 
-def _load_sql(sql: str, db_path: Path, source: str | Path) -> dict[str, int]:
-    """Build the database from SQL text in a temp file, mark unfinished runs pending, then move it into place."""
+def _load_sql(sql: str, db_path: Path, source: str | Path) -> tuple[dict[str, int], list[str]]:
+    """Build the database from SQL text in a temp file, mark unfinished runs pending, then move it into place.
+
+    Returns the runs' counts by status and the finished runs' names."""
     tmp = db_path.with_name(f".{db_path.name}.{os.getpid()}.restore")
     tmp.unlink(missing_ok=True)
     try:
@@ -131,6 +176,7 @@ def _load_sql(sql: str, db_path: Path, source: str | Path) -> dict[str, int]:
             with db:
                 db.execute("UPDATE runs SET status = 'pending', pid = NULL, host = NULL WHERE status != 'done'")
             counts = dict(db.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
+            done = [r[0] for r in db.execute("SELECT name FROM runs WHERE status = 'done' ORDER BY idx")]
         finally:
             db.close()
         SweepStore(tmp, readonly=True).close()  # every page reads back (runs, read above, is the sweep's table)
@@ -140,4 +186,4 @@ def _load_sql(sql: str, db_path: Path, source: str | Path) -> dict[str, int]:
     finally:
         for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
             leftover.unlink(missing_ok=True)
-    return counts
+    return counts, done

@@ -13,7 +13,7 @@ from plelab.errors import PlelabError
 from plelab.experiments.analysis import analyze_sweep
 from plelab.experiments.sweep import load_sweep
 from plelab.experiments.sweep_runner import run_sweep
-from plelab.experiments.sweep_snapshot import read_header, restore_snapshot, write_snapshot
+from plelab.experiments.sweep_snapshot import logs_dir, read_header, restore_snapshot, write_snapshot
 from plelab.experiments.sweep_store import SweepStore
 
 
@@ -31,7 +31,7 @@ def _contents(db: Path) -> tuple:
 def test_a_snapshot_restores_every_finished_run_and_the_sweep_trains_nothing(finished_sweep, tmp_path):
     snap = tmp_path / "snap.sql"
     header = write_snapshot(load_sweep(finished_sweep / "sweep.json"), snap)
-    assert header["runs"] == {"done": 4} and read_header(snap) == header
+    assert header.pop("logs_written") == 0 and header["runs"] == {"done": 4} and read_header(snap) == header
     before = snap.read_bytes()
     assert write_snapshot(load_sweep(finished_sweep / "sweep.json"), snap)["unchanged"]  # same runs: file kept
     assert snap.read_bytes() == before
@@ -111,3 +111,27 @@ def test_snapshot_and_restore_from_the_command_line(finished_sweep, tmp_path, ca
     assert main(["sweep", source, "--out", str(tmp_path / "none"), "--snapshot", str(snap)]) != 0
     assert "has no database yet" in capsys.readouterr().err
     assert json.loads(snap.read_text().split(" ", 2)[2].split("\n")[0])["runs"] == {"done": 4}  # kept as it was
+
+
+def test_training_logs_travel_with_the_snapshot_when_asked(finished_sweep, tmp_path):
+    snap = tmp_path / "snap.sql"
+    source = load_sweep(finished_sweep / "sweep.json")
+    assert write_snapshot(source, snap, logs=True)["logs_written"] == 4
+    assert write_snapshot(source, snap, logs=True)["logs_written"] == 0  # a finished run's log is kept once
+    assert sorted(p.name for p in logs_dir(snap).iterdir())[0] == "seed=1,dim=0.metrics.jsonl.gz"
+
+    sweep = _elsewhere(finished_sweep, tmp_path / "new")
+    assert restore_snapshot(sweep, snap)["logs_restored"] == 4
+    for name in ("seed=1,dim=0", "seed=2,dim=8"):
+        assert (sweep.run_dir(name) / "metrics.jsonl").read_bytes() == \
+            (finished_sweep / "runs" / name / "metrics.jsonl").read_bytes()
+    assert not any("no run folder" in n for n in analyze_sweep(sweep.folder)["notes"])
+    assert run_sweep(sweep, quiet=True, say=lambda _: None) == {"done": 4}
+    assert not list(sweep.folder.glob("runs/*/checkpoints"))  # a folder holding only its log is not retrained
+
+    damaged = logs_dir(snap) / "seed=1,dim=8.metrics.jsonl.gz"
+    damaged.write_bytes(damaged.read_bytes()[:20])
+    again = _elsewhere(finished_sweep, tmp_path / "again")
+    with pytest.raises(PlelabError, match="is damaged"):
+        restore_snapshot(again, snap)
+    assert not again.db_path.exists() and not (again.folder / "runs").exists()
