@@ -62,7 +62,9 @@ def outcome_rows(studies: list[dict[str, Any]]) -> list[list[str]]:
             rows.append([study, r["name"] + (" (gate)" if r.get("gate") else ""), r["metric"], str(t["n"]),
                          "-" if not t["n"] else f"{fmt(t['mean'], '+.4f')} ± {fmt(t['se'], '.4f')}",
                          "-" if not ci else f"[{fmt(ci[0], '+.4f')}, {fmt(ci[1], '+.4f')}]",
-                         fmt(t.get("p_used"), ".2g"), r["outcome"], r["predicted"] or "-",
+                         # behind a gate that did not pass, the test's outcome is description, not a finding
+                         fmt(t.get("p_used"), ".2g"), r["outcome"] + (" (gate not passed)" if r.get("gated") else ""),
+                         r["predicted"] or "-",
                          r["prediction"] or "-"])
     return rows
 

@@ -47,3 +47,13 @@ def test_a_missing_source_is_one_line(tmp_path, capsys):
     assert main(["outcomes", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert "no such sweep folder or records file" in err and "\n" not in err
+
+
+def test_a_test_behind_a_gate_that_did_not_pass_says_so_in_its_outcome():
+    test = {"n": 2, "mean": -0.003, "se": 0.002, "ci95": [-0.02, 0.02], "p_used": 1.0}
+    results = [{"name": "gate", "gate": True, "metric": "val", "test": test, "outcome": "not resolved",
+                "predicted": "worse", "prediction": "unresolved"},
+               {"name": "behind", "metric": "val", "test": test, "outcome": "equivalent", "predicted": None,
+                "prediction": None, "gated": "not interpreted: the gate gate came out not resolved, not worse"}]
+    rows = outcome_rows([{"source": "x", "evaluation": {"name": "s", "results": results}}])
+    assert rows[0][7] == "not resolved" and rows[1][7] == "equivalent (gate not passed)"
