@@ -19,6 +19,7 @@ from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
 from plelab.experiments.tokens_curve import gain_vs_tokens
+from plelab.runs.run_dir import METRICS_FILE
 from plelab.util.json_values import jsonable as _jsonable
 
 DIM_KEY = "model.ple.dim"
@@ -281,7 +282,7 @@ def sample_note(evals: dict[str, dict[str, dict[str, Any]]]) -> str | None:
 
 def folder_note(points: list[dict[str, Any]]) -> str | None:
     """A note when finished runs have no training log on this disk (restored from a snapshot), else None."""
-    missing = [p for p in points if not (Path(p["dir"]) / "metrics.jsonl").is_file()]
+    missing = [p for p in points if not (Path(p["dir"]) / METRICS_FILE).is_file()]
     if not missing:
         return None
     return (f"{len(missing)} of {len(points)} finished runs have no run folder on this disk (restored from a "

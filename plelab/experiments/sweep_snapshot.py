@@ -28,11 +28,13 @@ from plelab.errors import PlelabError
 from plelab.experiments.sweep import Sweep
 from plelab.experiments.sweep_runner import sweep_lock
 from plelab.experiments.sweep_store import SweepStore
+from plelab.runs.run_dir import METRICS_FILE
 from plelab.util.fs import atomic_write_bytes
 
 FORMAT = "plelab-sweep-snapshot/1"
 HEADER = "-- " + FORMAT + " "
-METRICS_FILE = "metrics.jsonl"
+LOG_SUFFIX = f".{METRICS_FILE}.gz"
+"""A run's training log in FILE.logs/ is <run name><LOG_SUFFIX>."""
 
 
 def data_identity(path: str) -> dict[str, Any] | None:
@@ -62,7 +64,7 @@ def _save_logs(sweep: Sweep, copy: sqlite3.Connection, out: str | Path) -> int:
     """Copy each finished run's metrics.jsonl (gzip) into FILE.logs/ unless already there; returns how many."""
     folder, written = logs_dir(out), 0
     for (name,) in copy.execute("SELECT name FROM runs WHERE status = 'done' ORDER BY idx"):
-        src, dest = sweep.run_dir(name) / METRICS_FILE, folder / f"{name}.{METRICS_FILE}.gz"
+        src, dest = sweep.run_dir(name) / METRICS_FILE, folder / f"{name}{LOG_SUFFIX}"
         if dest.is_file() or not src.is_file():  # a finished run's log does not change
             continue
         folder.mkdir(parents=True, exist_ok=True)
@@ -73,11 +75,10 @@ def _save_logs(sweep: Sweep, copy: sqlite3.Connection, out: str | Path) -> int:
 
 def _read_logs(source: str | Path) -> dict[str, bytes]:
     """{run: its training log} for every log in FILE.logs/, each checked to decompress."""
-    out, suffix = {}, f".{METRICS_FILE}.gz"
-    folder = logs_dir(source)
-    for path in sorted(folder.glob(f"*{suffix}")) if folder.is_dir() else []:
+    out, folder = {}, logs_dir(source)
+    for path in sorted(folder.glob(f"*{LOG_SUFFIX}")) if folder.is_dir() else []:
         try:
-            out[path.name[: -len(suffix)]] = gzip.decompress(path.read_bytes())
+            out[path.name[: -len(LOG_SUFFIX)]] = gzip.decompress(path.read_bytes())
         except (OSError, EOFError) as exc:
             raise PlelabError(f"{path} is damaged ({exc}); nothing was restored") from None
     return out
