@@ -21,6 +21,7 @@ from plelab.experiments.ffn_study import (
     load_study,
     study_records,
 )
+from plelab.runs.checkpoint import CheckpointError, resolve_checkpoint
 from plelab.util.fs import atomic_write_bytes
 from plelab.util.pages import Block, fmt, write_pages
 
@@ -282,6 +283,14 @@ def write_ffn_report(analysis: dict[str, Any], out_dir: str | Path, *, overwrite
                        figures, overwrite=overwrite, inputs=inputs, records=records)
 
 
+def _has_checkpoint(run_dir: str | Path) -> bool:
+    try:
+        resolve_checkpoint(run_dir)
+        return True
+    except CheckpointError:
+        return False
+
+
 def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "numpy",
                        say: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
     """Measure decode cost on each variant's first seed and write FOLDER/decode.json; return {variant: result}.
@@ -297,10 +306,10 @@ def measure_all_decode(folder: str | Path, tokens: int = 64, runtime: str = "num
     data = load_study(folder)
     out: dict[str, dict[str, Any]] = {}
     for v in data["variants"]:
-        # A run restored from a snapshot (plelab sweep --restore) has its record but no folder on this disk.
-        seeds = sorted(s for (var, s), d in data["run_dirs"].items() if var == v and Path(d).is_dir())
+        # A run restored from a snapshot (plelab sweep --restore) has its record but no checkpoint on this disk.
+        seeds = sorted(s for (var, s), d in data["run_dirs"].items() if var == v and _has_checkpoint(d))
         if not seeds:
-            say(f"decode: variant {v} has no finished run whose folder is on this disk; skipped")
+            say(f"decode: variant {v} has no finished run whose checkpoint is on this disk; skipped")
             continue
         run_dir = data["run_dirs"][(v, seeds[0])]
         say(f"decode: {v} (seed {seeds[0]}, {tokens} tokens, {runtime} runtime) ...")

@@ -132,10 +132,14 @@ def test_decode_json_adds_the_decode_columns(study, capsys):
 
 def test_measure_decode_times_each_variants_first_seed_and_writes_decode_json(study, monkeypatch, capsys):
     calls = []
-    # the constructed runs have records but no folders, as after `plelab sweep --restore` on a new machine: only
-    # runs whose folder is on this disk can be exported and timed (swiglu's seed 1 is not)
+    # the constructed runs have records but no checkpoints, as after `plelab sweep --restore` on a new machine:
+    # only runs whose checkpoint is on this disk can be exported and timed (swiglu's seed 1 has only its
+    # restored training log)
     for name in ("variant=swiglu,seed=2", "variant=swiglu,seed=3", "variant=mglu,seed=1"):
-        (study / "runs" / name).mkdir(parents=True)
+        (study / "runs" / name / "checkpoints" / "step_10").mkdir(parents=True)
+        (study / "runs" / name / "checkpoints" / "step_10" / "manifest.json").write_text("{}")
+    (study / "runs" / "variant=swiglu,seed=1").mkdir()
+    (study / "runs" / "variant=swiglu,seed=1" / "metrics.jsonl").write_text("")
 
     def measure_decode(run_dir, tokens=64, runtime="numpy", quant="fp32", **_):
         calls.append((Path(run_dir).name, tokens, runtime, quant))
