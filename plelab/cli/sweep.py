@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
     p.add_argument("--snapshot", metavar="FILE",
                    help="train nothing: write the sweep database as SQL text to FILE (finished runs' configs, results, "
                         "evaluations and timelines, the registered plan, and the hashes of the data they read), small "
-                        "enough to commit, so a study survives the loss of its machine")
+                        "enough to commit, so a study survives the loss of its machine; an existing FILE is replaced "
+                        "only when it is this sweep's own earlier snapshot")
     p.add_argument("--with-logs", action="store_true",
                    help="with --snapshot: also keep each finished run's training log (metrics.jsonl, gzip) in "
                         "FILE.logs/, for analyses that read per-step curves; --restore puts them back")

@@ -89,6 +89,14 @@ def write_snapshot(sweep: Sweep, out: str | Path, logs: bool = False) -> dict[st
     `logs`, also the finished runs' training logs not yet in FILE.logs/."""
     if not sweep.db_path.is_file():
         raise PlelabError(f"{sweep.folder} has no database yet ({sweep.db_path}): nothing to snapshot")
+    if Path(out).exists():  # replaced only when it is this sweep's own earlier snapshot
+        try:
+            other = read_header(out).get("sweep")
+        except PlelabError:
+            raise PlelabError(f"{out} exists and is not a sweep snapshot: refusing to replace it") from None
+        if other != sweep.options.name:
+            raise PlelabError(f"{out} is a snapshot of sweep {other!r}, not {sweep.options.name!r}: refusing to "
+                              "replace it")
     with SweepStore(sweep.db_path, readonly=True) as store:
         copy = sqlite3.connect(":memory:")
         store.db.backup(copy)  # one consistent read, even while a sweep writes (WAL)

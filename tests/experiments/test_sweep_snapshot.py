@@ -134,3 +134,20 @@ def test_training_logs_travel_with_the_snapshot_when_asked(finished_sweep, tmp_p
     with pytest.raises(PlelabError, match="is damaged"):
         restore_snapshot(again, snap)
     assert not again.db_path.exists() and not (again.folder / "runs").exists()
+
+
+def test_a_snapshot_replaces_only_its_own_sweeps_earlier_snapshot(finished_sweep, tmp_path):
+    source = load_sweep(finished_sweep / "sweep.json")
+    notes = tmp_path / "notes.md"
+    notes.write_text("not a snapshot\n")
+    with pytest.raises(PlelabError, match="exists and is not a sweep snapshot"):
+        write_snapshot(source, notes)
+    assert notes.read_text() == "not a snapshot\n"
+
+    other = tmp_path / "other.sql"
+    write_snapshot(source, other)
+    text = other.read_text().replace('"sweep": ', '"sweep": "another", "was": ', 1)
+    other.write_text(text)
+    with pytest.raises(PlelabError, match="is a snapshot of sweep 'another'"):
+        write_snapshot(source, other)
+    assert other.read_text() == text
