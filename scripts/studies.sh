@@ -50,8 +50,9 @@ status() {
     snap="$SNAPSHOTS/$name.sql"
     if [[ ! -f "$dir/$folder/sweep.sqlite" ]]; then
       if [[ -f "$snap" ]]; then
-        echo "$name: not running here; its snapshot $snap says: $(head -n 1 "$snap" | python3 -c \
-          'import json,sys; h=json.loads(sys.stdin.read().split(" ",2)[2]); print(h["runs"], "at", h["taken"])')"
+        echo "$name: not running here; its snapshot $snap says: $(python3 -P -c 'import sys
+from plelab.experiments.sweep_snapshot import read_header
+h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
       else
         echo "$name: not started (worktree $dir at $commit; \`start\` makes it)"
       fi
