@@ -42,6 +42,10 @@ STUDIES=(
 WITH_LOGS=" fastpath "
 
 worktree() { echo "$REPO/../plelab-study-$1"; }
+# This checkout's plelab, whatever pip last installed (an editable install of another clone, or none): -P keeps the
+# current folder (a worktree's pinned copy) off sys.path, PYTHONPATH puts this checkout first. The sweeps themselves
+# run `python3 -m plelab` inside their worktree, so they run the pinned code.
+HERE_PY="env PYTHONPATH=$REPO python3 -P"
 
 status() {
   for entry in "${STUDIES[@]}"; do
@@ -50,7 +54,7 @@ status() {
     snap="$SNAPSHOTS/$name.sql"
     if [[ ! -f "$dir/$folder/sweep.sqlite" ]]; then
       if [[ -f "$snap" ]]; then
-        echo "$name: not running here; its snapshot $snap says: $(python3 -P -c 'import sys
+        echo "$name: not running here; its snapshot $snap says: $($HERE_PY -c 'import sys
 from plelab.experiments.sweep_snapshot import read_header
 h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
       else
@@ -58,9 +62,8 @@ h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
       fi
       continue
     fi
-    # -P: the installed plelab (this checkout's code, which reads older sweeps too and says more), not the
-    # worktree's copy; the worktree's when plelab is not installed.
-    (cd "$dir" && { python3 -P -m plelab sweep "$sweep" --status 2>/dev/null || python3 -m plelab sweep "$sweep" \
+    # This checkout's code (it reads older sweeps too and says more), else the worktree's pinned copy.
+    (cd "$dir" && { $HERE_PY -m plelab sweep "$sweep" --status 2>/dev/null || python3 -m plelab sweep "$sweep" \
       --status; } | tail -n 2 | head -n 1) || echo "$name: status failed"
   done
   pgrep -af "plelab sweep" || echo "(no study running)"
@@ -82,8 +85,8 @@ start() {
       || { echo "$dir is not at $commit: a study runs from its pinned commit only" >&2; exit 2; }
     snap="$SNAPSHOTS/$name.sql"
     chain+="cd '$dir' && { [[ -f '$data/manifest.json' ]] || $prepare; } && "
-    # -P: this checkout's plelab (the pinned commit may predate --restore); the sweep itself runs the pinned code.
-    chain+="{ [[ -f '$folder/sweep.sqlite' || ! -f '$snap' ]] || python3 -P -m plelab sweep '$sweep' --restore '$snap'; } && "
+    # This checkout's plelab restores (the pinned commit may predate --restore); the sweep runs the pinned code.
+    chain+="{ [[ -f '$folder/sweep.sqlite' || ! -f '$snap' ]] || $HERE_PY -m plelab sweep '$sweep' --restore '$snap'; } && "
     chain+="python3 -m plelab sweep '$sweep' --quiet >> '$LOGS/$name.log' 2>&1; "
   done
   mkdir -p "$SNAPSHOTS"
@@ -120,7 +123,7 @@ save() {
     [[ -f "$dir/$folder/sweep.sqlite" ]] || continue
     logs=""
     [[ "$WITH_LOGS" == *" $name "* ]] && logs="--with-logs"
-    (cd "$dir" && python3 -P -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql" $logs) \
+    (cd "$dir" && $HERE_PY -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql" $logs) \
       || echo "$name: snapshot failed" >&2
   done
 }
