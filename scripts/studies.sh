@@ -19,7 +19,7 @@
 #
 # Logs: ../plelab-study-logs/<name>.log. Runs: ../plelab-study-<name>/runs/. Reports from current code:
 #   python3 -m plelab report ../plelab-study-tokens/runs/deadzone-tokens
-#   python3 -m plelab report ../plelab-study-ffn2/runs/ffn-study-2
+#   python3 -m plelab report ../plelab-study-fastpath/runs/fastpath-check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -29,9 +29,10 @@ SNAPSHOTS="$REPO/studies"
 # name | pinned commit | sweep file (relative to the worktree) | its sweep folder | prepared data the sweep reads |
 # how to make it
 # (last, not a study: issue 25's same-science check of dtype = "bf16-head", which a later study may then use)
-# (The FFN pilot, configs/sweeps/ffn-pilot-2.toml at becacde, has finished: its records are in docs/ffn-study/pilot2.)
+# Finished studies leave this list (a new machine would otherwise prepare their data only to find nothing to run):
+# the FFN pilot (configs/sweeps/ffn-pilot-2.toml at becacde; records in docs/ffn-study/pilot2) and the FFN study
+# (configs/sweeps/ffn-study-2.toml at 45c20da, 18 of 18 runs; snapshot studies/ffn2.sql, report docs/ffn-study/round2).
 STUDIES=(
-  "ffn2|45c20da|configs/sweeps/ffn-study-2.toml|runs/ffn-study-2|/tmp/plelab-data-4k|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-4k.json --vocab-size 4096 --out /tmp/plelab-data-4k --no-progress"
   "tokens|f3c5f9e|configs/sweeps/deadzone-tokens.toml|runs/deadzone-tokens|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
   "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|runs/fastpath-check|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 )
