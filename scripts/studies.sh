@@ -8,6 +8,7 @@
 #
 #   bash scripts/studies.sh status     # where each study stands (reads only)
 #   bash scripts/studies.sh start      # prepare what is missing, then run the unfinished studies one after another
+#   bash scripts/studies.sh start --dry-run   # make the worktrees, print the chain `start` would run, run nothing
 #   bash scripts/studies.sh save       # snapshot each study's database into studies/<name>.sql (commit those)
 #   bash scripts/studies.sh stop       # stop them, then save (a later start resumes)
 #
@@ -43,10 +44,11 @@ STUDIES=(
 WITH_LOGS=" fastpath "
 
 worktree() { echo "$REPO/../plelab-study-$1"; }
+q() { printf '%q' "$1"; }
 # This checkout's plelab, whatever pip last installed (an editable install of another clone, or none): -P keeps the
 # current folder (a worktree's pinned copy) off sys.path, PYTHONPATH puts this checkout first. The sweeps themselves
 # run `python3 -m plelab` inside their worktree, so they run the pinned code.
-HERE_PY="env PYTHONPATH=$REPO python3 -P"
+here_py() { PYTHONPATH="$REPO" python3 -P "$@"; }
 
 status() {
   for entry in "${STUDIES[@]}"; do
@@ -55,7 +57,7 @@ status() {
     snap="$SNAPSHOTS/$name.sql"
     if [[ ! -f "$dir/$folder/sweep.sqlite" ]]; then
       if [[ -f "$snap" ]]; then
-        echo "$name: not running here; its snapshot $snap says: $($HERE_PY -c 'import sys
+        echo "$name: not running here; its snapshot $snap says: $(here_py -c 'import sys
 from plelab.experiments.sweep_snapshot import read_header
 h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
       else
@@ -64,14 +66,16 @@ h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
       continue
     fi
     # This checkout's code (it reads older sweeps too and says more), else the worktree's pinned copy.
-    (cd "$dir" && { $HERE_PY -m plelab sweep "$sweep" --status 2>/dev/null || python3 -m plelab sweep "$sweep" \
+    (cd "$dir" && { here_py -m plelab sweep "$sweep" --status 2>/dev/null || python3 -m plelab sweep "$sweep" \
       --status; } | tail -n 2 | head -n 1) || echo "$name: status failed"
   done
   pgrep -af "plelab sweep" || echo "(no study running)"
 }
 
 start() {
-  if pgrep -f "plelab sweep" >/dev/null; then
+  dry_run=false
+  [[ "${1:-}" == "--dry-run" ]] && dry_run=true
+  if ! $dry_run && pgrep -f "plelab sweep" >/dev/null; then
     echo "a sweep is already running (bash scripts/studies.sh stop first):" >&2
     pgrep -af "plelab sweep" >&2
     exit 2
@@ -85,16 +89,22 @@ start() {
     [[ "$(git -C "$dir" rev-parse --short=7 HEAD)" == "$commit" ]] \
       || { echo "$dir is not at $commit: a study runs from its pinned commit only" >&2; exit 2; }
     snap="$SNAPSHOTS/$name.sql"
-    chain+="cd '$dir' && { [[ -f '$data/manifest.json' ]] || $prepare; } && "
+    # Every path goes into the chain through printf %q, so a checkout whose path has spaces or quotes works.
+    chain+="cd $(q "$dir") && { [[ -f $(q "$data/manifest.json") ]] || $prepare; } && "
     # This checkout's plelab restores (the pinned commit may predate --restore); the sweep runs the pinned code.
-    chain+="{ [[ -f '$folder/sweep.sqlite' || ! -f '$snap' ]] || $HERE_PY -m plelab sweep '$sweep' --restore '$snap'; } && "
-    chain+="python3 -m plelab sweep '$sweep' --quiet >> '$LOGS/$name.log' 2>&1; "
+    chain+="{ [[ -f $(q "$folder/sweep.sqlite") || ! -f $(q "$snap") ]] || PYTHONPATH=$(q "$REPO") python3 -P -m plelab "
+    chain+="sweep $(q "$sweep") --restore $(q "$snap"); } && "
+    chain+="python3 -m plelab sweep $(q "$sweep") --quiet >> $(q "$LOGS/$name.log") 2>&1; "
   done
   mkdir -p "$SNAPSHOTS"
-  chain="(while sleep 600; do bash '$REPO/scripts/studies.sh' save; done) & saver=\$!; $chain"
-  chain+="kill \$saver; bash '$REPO/scripts/studies.sh' save"
+  chain="(while sleep 600; do bash $(q "$REPO/scripts/studies.sh") save; done) & saver=\$!; $chain"
+  chain+="kill \$saver; bash $(q "$REPO/scripts/studies.sh") save"
   # Its own process group, so `stop` ends the chain too (not only the running sweep, after which the chain
   # would start the next study).
+  if $dry_run; then
+    printf '%s\n' "$chain"
+    return
+  fi
   setsid bash -c "$chain" >> "$LOGS/studies.log" 2>&1 < /dev/null &
   echo $! > "$LOGS/studies.pid"
   echo "started in the background (process group $!): ${STUDIES[*]%%|*}; logs in $LOGS"
@@ -122,16 +132,16 @@ save() {
     IFS='|' read -r name commit sweep folder _ <<<"$entry"
     dir=$(worktree "$name")
     [[ -f "$dir/$folder/sweep.sqlite" ]] || continue
-    logs=""
-    [[ "$WITH_LOGS" == *" $name "* ]] && logs="--with-logs"
-    (cd "$dir" && $HERE_PY -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql" $logs) \
+    logs=()
+    [[ "$WITH_LOGS" == *" $name "* ]] && logs=(--with-logs)
+    (cd "$dir" && here_py -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql" "${logs[@]}") \
       || echo "$name: snapshot failed" >&2
   done
 }
 
 case "${1:-status}" in
   status) status ;;
-  start) start ;;
+  start) start "${2:-}" ;;
   stop) stop ;;
   save) save ;;
   *) echo "usage: bash scripts/studies.sh [status|start|save|stop]" >&2; exit 2 ;;
