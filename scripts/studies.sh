@@ -11,6 +11,11 @@
 #   bash scripts/studies.sh start --dry-run   # make the worktrees, print the chain `start` would run, run nothing
 #   bash scripts/studies.sh save       # snapshot each study's database into studies/<name>.sql (commit those)
 #   bash scripts/studies.sh stop       # stop them, then save (a later start resumes)
+#   bash scripts/studies.sh drain      # start no new run, let the running ones finish, then stop and save
+#
+# `stop` interrupts the running runs; they resume from their checkpoints on this machine, but a new machine has
+# only the snapshot, so they train again from the start. Before a session (and perhaps its machine) ends, `drain`
+# loses nothing: begin it when the runs in flight will finish in time (it prints their ETAs).
 #
 # The worktrees and their run folders live on this machine's disk only; a new machine starts without them. What
 # carries a study across machines is studies/<name>.sql, its database as SQL text (`plelab sweep --snapshot`):
@@ -119,11 +124,49 @@ stop() {
   fi
   group=$(cat "$LOGS/studies.pid")
   rm -f "$LOGS/studies.pid"
+  kill -CONT -- "-$group" 2>/dev/null || true  # a sweep paused by `drain` handles its SIGTERM only once resumed
   # A sweep stops its runs at their next step and records them as interrupted: wait for it.
   for _ in $(seq 60); do pgrep -g "$group" >/dev/null || break; sleep 1; done
   pgrep -g "$group" >/dev/null && echo "still stopping: check again with status" >&2
   echo "stopped (resumable: bash scripts/studies.sh start)"
   save
+}
+
+# A python process running `plelab sweep FILE` (not the chain's bash, whose command line holds the same words).
+SWEEP_PROC='^[^ ]*python[^ ]* -m plelab sweep [^ ]*'
+
+# The runs in flight in process group $1, one per line: pid and run folder.
+runs_in_flight() {
+  local pid args sweep_file name
+  for pid in $(pgrep -g "$1" -f -- "$SWEEP_PROC --run " || true); do
+    args=$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null) || continue
+    sweep_file=$(grep -A1 -x -- sweep <<<"$args" | tail -n 1)
+    name=$(grep -A1 -x -- --run <<<"$args" | tail -n 1)
+    echo "$pid $(readlink "/proc/$pid/cwd")/$(dirname "$sweep_file")/runs/$name"
+  done
+}
+
+drain() {
+  if [[ ! -f "$LOGS/studies.pid" ]] || ! pgrep -g "$(cat "$LOGS/studies.pid")" >/dev/null; then
+    echo "nothing started by this script is running"
+    rm -f "$LOGS/studies.pid"
+    return
+  fi
+  group=$(cat "$LOGS/studies.pid")
+  # Pause the sweeps that launch runs (not the runs: `plelab sweep SWEEP_DIR/sweep.json --run NAME`). A run stops
+  # when its sweep dies, but not when it is paused, so the runs train on and record themselves as done, while the
+  # paused sweep launches nothing new and the chain behind it waits. `stop` then ends the chain.
+  parents=$(pgrep -g "$group" -f -- "$SWEEP_PROC --quiet" || true)
+  [[ -n "$parents" ]] && kill -STOP $parents
+  echo "draining: no new run starts; waiting for the runs in flight (bash scripts/studies.sh stop interrupts them)"
+  while [[ -n "$(runs_in_flight "$group")" ]]; do
+    while read -r pid dir; do
+      echo "  $(date -u +%H:%M) pid $pid $(basename "$dir"): $(tail -n 1 "$dir/train.log" 2>/dev/null)"
+    done <<<"$(runs_in_flight "$group")"
+    sleep "${DRAIN_POLL_S:-300}"
+  done
+  echo "the runs in flight have finished"
+  stop
 }
 
 save() {
@@ -143,6 +186,7 @@ case "${1:-status}" in
   status) status ;;
   start) start "${2:-}" ;;
   stop) stop ;;
+  drain) drain ;;
   save) save ;;
-  *) echo "usage: bash scripts/studies.sh [status|start|save|stop]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/studies.sh [status|start [--dry-run]|save|stop|drain]" >&2; exit 2 ;;
 esac
