@@ -78,8 +78,11 @@ h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
 }
 
 start() {
-  dry_run=false
-  [[ "${1:-}" == "--dry-run" ]] && dry_run=true
+  case "${1:-}" in
+    "") dry_run=false ;;
+    --dry-run) dry_run=true ;;
+    *) echo "start takes only --dry-run, got: $1" >&2; exit 2 ;;
+  esac
   if ! $dry_run && pgrep -f "plelab sweep" >/dev/null; then
     echo "a sweep is already running (bash scripts/studies.sh stop first):" >&2
     pgrep -af "plelab sweep" >&2
@@ -104,12 +107,12 @@ start() {
   mkdir -p "$SNAPSHOTS"
   chain="(while sleep 600; do bash $(q "$REPO/scripts/studies.sh") save; done) & saver=\$!; $chain"
   chain+="kill \$saver; bash $(q "$REPO/scripts/studies.sh") save"
-  # Its own process group, so `stop` ends the chain too (not only the running sweep, after which the chain
-  # would start the next study).
   if $dry_run; then
     printf '%s\n' "$chain"
     return
   fi
+  # Its own process group, so `stop` ends the chain too (not only the running sweep, after which the chain
+  # would start the next study).
   setsid bash -c "$chain" >> "$LOGS/studies.log" 2>&1 < /dev/null &
   echo $! > "$LOGS/studies.pid"
   echo "started in the background (process group $!): ${STUDIES[*]%%|*}; logs in $LOGS"
@@ -159,10 +162,10 @@ drain() {
   parents=$(pgrep -g "$group" -f -- "$SWEEP_PROC --quiet" || true)
   [[ -n "$parents" ]] && kill -STOP $parents
   echo "draining: no new run starts; waiting for the runs in flight (bash scripts/studies.sh stop interrupts them)"
-  while [[ -n "$(runs_in_flight "$group")" ]]; do
+  while in_flight=$(runs_in_flight "$group") && [[ -n "$in_flight" ]]; do
     while read -r pid dir; do
       echo "  $(date -u +%H:%M) pid $pid $(basename "$dir"): $(tail -n 1 "$dir/train.log" 2>/dev/null)"
-    done <<<"$(runs_in_flight "$group")"
+    done <<<"$in_flight"
     sleep "${DRAIN_POLL_S:-300}"
   done
   echo "the runs in flight have finished"
@@ -184,7 +187,7 @@ save() {
 
 case "${1:-status}" in
   status) status ;;
-  start) start "${2:-}" ;;
+  start) start "${@:2}" ;;
   stop) stop ;;
   drain) drain ;;
   save) save ;;
