@@ -11,9 +11,11 @@ Both are optional: `available()` / `converter_dir()` say whether they are instal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -69,20 +71,50 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+@contextlib.contextmanager
+def _no_extra_buffers(llama_module) -> Iterator[None]:
+    """Load with llama.cpp's `use_extra_bufts` off (llama-cli's `--no-repack`): weights stay in the plain CPU buffer.
+
+    On a CPU with AMX (Xeon Sapphire Rapids and newer), a llama.cpp built with -march=native puts q4_0 and q4_k
+    matrices in its AMX buffer, and ggml_backend_amx_mul_mat then crashes the process (SIGSEGV) on any batch of
+    more than one token (llama.cpp issue #20824, open; seen here with llama-cpp-python 0.3.36 on a 256 x 128
+    q4_0 matrix). llama-cpp-python's `Llama` takes no argument for the flag, so the default parameters it starts
+    from are patched while it loads.
+    """
+    native = llama_module.llama_cpp
+    default_params = native.llama_model_default_params
+
+    def without_extra_buffers():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    native.llama_model_default_params = without_extra_buffers
+    try:
+        yield
+    finally:
+        native.llama_model_default_params = default_params
+
+
 class LlamaCpp:
     """A GGUF loaded in llama.cpp (CPU), with every position's logits kept."""
 
-    def __init__(self, path: str | Path, n_ctx: int = 512, threads: int = 1, f32_cache: bool = True):
-        """`f32_cache`: keys and values cached in f32 (llama.cpp's default f16 cache rounds them, ~1e-3 off)."""
+    def __init__(self, path: str | Path, n_ctx: int = 512, threads: int = 1, f32_cache: bool = True,
+                 repack: bool = False):
+        """`f32_cache`: keys and values cached in f32 (llama.cpp's default f16 cache rounds them, ~1e-3 off).
+        `repack`: let llama.cpp move weights into its repacked CPU layouts (AMX, interleaved q4_0/q4_k), as
+        llama-cli does by default; off by default (its `--no-repack`), see `_no_extra_buffers`."""
         try:
+            import llama_cpp.llama as llama_module
             from llama_cpp import Llama
         except ImportError as exc:
             raise LlamaCppError(f"llama-cpp-python is not installed (pip install 'plelab[test]'): {exc}") from None
         self.path = Path(path)
         try:
             cache = {"type_k": 0, "type_v": 0} if f32_cache else {}  # GGML_TYPE_F32
-            self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
-                             n_threads=threads, n_threads_batch=threads, verbose=False, seed=0, **cache)
+            with contextlib.nullcontext() if repack else _no_extra_buffers(llama_module):
+                self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
+                                 n_threads=threads, n_threads_batch=threads, verbose=False, seed=0, **cache)
         except (ValueError, RuntimeError) as exc:
             raise LlamaCppError(f"llama.cpp cannot load {path}: {exc}") from None
 

@@ -28,7 +28,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bash
 
 from plelab.cli.main import main  # noqa: E402
 from plelab.data.tokenizer import Tokenizer  # noqa: E402
-from plelab.hf.llama_cpp import LlamaCpp, convert_hf, converter_dir  # noqa: E402
+from plelab.hf.llama_cpp import LlamaCpp, _no_extra_buffers, convert_hf, converter_dir  # noqa: E402
 from plelab.inference.generate import generate  # noqa: E402
 from plelab.inference.load import load_model  # noqa: E402
 
@@ -162,6 +162,19 @@ def test_gemma_tokenizer_in_llama_cpp_is_plelabs(root, run, tok):
             ids = tok.encode(text)
             assert llm.tokenize(text) == [tok.eot_id] + ids
             assert llm.detokenize(ids) == text
+
+
+def test_loads_without_llama_cpps_extra_buffers():
+    """LlamaCpp loads with use_extra_bufts off: on an AMX CPU, llama.cpp's AMX q4_0/q4_k matmul segfaults the
+    process on a batch of more than one token (test_quantized_types_kl_and_delta_loss below crashed CI so)."""
+    import llama_cpp.llama as llama_module
+
+    native = llama_module.llama_cpp
+    assert native.llama_model_default_params().use_extra_bufts  # llama.cpp's default, which the patch must undo
+    with pytest.raises(RuntimeError), _no_extra_buffers(llama_module):
+        assert not native.llama_model_default_params().use_extra_bufts
+        raise RuntimeError("a failed load")
+    assert native.llama_model_default_params().use_extra_bufts  # restored, even after a failure
 
 
 QUANT_TYPES = ["q8_0", "q6_k", "q5_k", "q5_0", "q4_k", "q4_0", "iq4_nl", "q3_k", "q2_k"]
