@@ -6,7 +6,10 @@ the order of the fp32 sums. That makes one numeric definition possible on every 
 
 - native: a CPU with AMX-BF16 or AVX512-BF16. Matmuls run on fp32 tensors under oneDNN's bf16 math mode
   (`torch.backends.mkldnn.matmul.fp32_precision = "bf16"`), which rounds the inputs to bf16 itself (the
-  same round-to-nearest-even) and accumulates in fp32 on the bf16 units.
+  same round-to-nearest-even) and accumulates in fp32 on the bf16 units. The mode allows that rounding but
+  does not promise it: torch sends GEMMs under 16^3 multiply-adds to its own fp32 BLAS, and oneDNN on an AMX
+  CPU ran GEMMs with <= 8 rows or an inner dimension < 32 in fp32. So callers round every input themselves
+  (rounding a bf16 value again changes nothing) and let native mode bring only the speed.
 - emulated: any other CPU. The inputs are rounded explicitly and the GEMM runs in fp32: the same numbers,
   at fp32 speed. (torch's own bf16 GEMM on such a CPU runs ~100x slower than fp32: measured here.)
 
@@ -24,10 +27,6 @@ import threading
 from collections.abc import Iterator
 
 import torch
-
-# Below this many multiply-adds torch sends an fp32 matmul to its own BLAS even in bf16 math mode
-# (aten/src/ATen/native/mkldnn/Matmul.cpp: m * n * k <= 16 * 16 * 16), which then does not round.
-ONEDNN_MIN_MACS = 16 * 16 * 16 + 1
 
 _state = threading.local()
 

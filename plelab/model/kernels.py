@@ -138,10 +138,12 @@ def _bf16_chunks(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, i
         for start in range(0, h.shape[0], chunk):
             hc = h[start : start + chunk]
             g = torch.mm(hc, weight.t()) if mode == "native" else bf16_gemm.linear_fp32(hc, weight)
-            # The logit gradient is rounded to bf16 here unless oneDNN rounds it itself (it leaves GEMMs
-            # this small to fp32 BLAS); loss and gradient in one vectorised pass per row.
-            native = mode == "native" and hc.numel() * weight.shape[0] >= bf16_gemm.ONEDNN_MIN_MACS
-            nll, g = softmax_xent(g, targets[start : start + chunk], ignore_index, round_bf16=not native)
+            # The logit gradient is rounded to bf16 here in both modes (loss and gradient in one vectorised
+            # pass per row): oneDNN's bf16 math mode allows rounding but does not promise it. On an AMX CPU
+            # it left grad_h's GEMM unrounded for chunks of <= 8 rows and grad_w's for < 32 (its inner
+            # dimension): 1.7e-3 off the definition, as far as the fp32 head is.
+            # With every GEMM input already bf16, whichever kernel oneDNN picks differs by summation order only.
+            nll, g = softmax_xent(g, targets[start : start + chunk], ignore_index, round_bf16=True)
             loss_sum += nll.sum()
             if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[start : start + chunk])
