@@ -4,7 +4,7 @@ A study's write-up and the note that closes it quote the same numbers as its rep
 delta, interval, corrected p, outcome and whether the prediction hit. Copying them by hand from several reports
 invites slips, so this reads each study's registered plan and per-seed evaluations (a sweep folder, or the
 records.json a committed report keeps) and recomputes them with `plelab.experiments.plan`, the code the reports
-use; and, from a sweep folder, the runs finished and the core-hours of training spent.
+use; and the runs finished and the core-hours of training spent.
 """
 
 from __future__ import annotations
@@ -26,28 +26,28 @@ def study_outcomes(source: str | Path) -> dict[str, Any]:
         rec = load_records(path)
         if not rec.get("plan_inputs"):
             raise PlelabError(f"{path} keeps no analysis-plan inputs (a report written before plans were recorded)")
-        inputs, compute = rec["plan_inputs"], None
+        inputs = rec["plan_inputs"]
     elif path.is_dir():
-        inputs, compute = plan_inputs(path), training_compute(path)
+        inputs = plan_inputs(path)
     else:
         raise PlelabError(f"{path}: no such sweep folder or records file")
     analysis = plan_from_inputs(inputs)
     runs = inputs["runs"]
+    compute = training_compute(runs)
     record = analysis.get("record") or {}
     return {"source": str(path), "status": analysis["status"], "sha256": record.get("sha256"),
             "evaluation": analysis.get("evaluation"),
             "runs_done": sum(r["status"] == "done" for r in runs), "runs_total": len(runs), "compute": compute}
 
 
-def training_compute(folder: str | Path) -> dict[str, Any]:
-    """Core-hours of training the sweep's finished runs recorded (evaluation and restarts not included)."""
-    from plelab.experiments.sweep import DB_FILE
-    from plelab.experiments.sweep_store import SweepStore
-
-    with SweepStore(Path(folder) / DB_FILE, readonly=True) as store:
-        done = [r for r in store.runs() if r["status"] == "done"]
-    return {"train_core_hours": sum(r.get("train_seconds") or 0.0 for r in done) / 3600,
-            "steps": sum(r.get("steps") or 0 for r in done), "tokens": sum(r.get("tokens") or 0 for r in done)}
+def training_compute(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Core-hours of training the finished runs recorded (evaluation and restarts not included); None when the
+    runs do not carry it (a records file written before plan_inputs kept the training figures)."""
+    done = [r for r in runs if r["status"] == "done"]
+    if any("train_seconds" not in r for r in done):
+        return None
+    return {"train_core_hours": sum(r["train_seconds"] or 0.0 for r in done) / 3600,
+            "steps": sum(r["steps"] or 0 for r in done), "tokens": sum(r["tokens"] or 0 for r in done)}
 
 
 def outcome_rows(studies: list[dict[str, Any]]) -> list[list[str]]:
@@ -79,7 +79,7 @@ def study_lines(studies: list[dict[str, Any]]) -> list[str]:
     for s in studies:
         ev = s.get("evaluation") or {}
         compute = s.get("compute")
-        spent = "compute: not in a records file" if compute is None else (
+        spent = "compute: not in this records file (written before records kept it)" if compute is None else (
             f"{compute['train_core_hours']:.2f} core-hours of training, {compute['tokens'] / 1e6:,.1f}M tokens")
         gate = ev.get("gate")
         if not gate:

@@ -439,7 +439,9 @@ def plan_inputs(folder: str | Path, override: str | Path | None = None) -> dict[
     from plelab.experiments.sweep_store import SweepStore
 
     with SweepStore(Path(folder) / DB_FILE, readonly=True) as store:
-        runs = [{k: r[k] for k in ("name", "status", "seed", "point", "attempts")} for r in store.runs()]
+        # the training figures ride along so a records file can say what its study cost (plelab outcomes)
+        runs = [{k: r[k] for k in ("name", "status", "seed", "point", "attempts", "train_seconds", "steps", "tokens")}
+                for r in store.runs()]
         return {"record": registered_plan(store), "override": to_dict(load_plan(override)) if override else None,
                 "override_source": str(override or ""), "runs": runs, "evals": store.evals()}
 

@@ -28,13 +28,28 @@ def test_outcomes_match_the_report_from_the_folder_and_from_its_records(tmp_path
     for name, r in results.items():  # the same numbers the report prints
         assert r["test"]["mean"] == registered[name]["test"]["mean"] and r["outcome"] == registered[name]["outcome"]
     from_records = study_outcomes(tmp_path / "report" / "records.json")
-    assert from_records["compute"] is None
+    assert from_records["compute"] == from_folder["compute"]  # the records file carries what the study cost
     assert outcome_rows([from_records]) == outcome_rows([from_folder])
 
     assert main(["outcomes", str(study), str(tmp_path / "report" / "records.json"), "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert out.count("| ffn-test | mglu_val | val | 3 |") == 2 and "3.00 core-hours of training" in out
-    assert "compute: not in a records file" in out and "interim" not in out
+    assert out.count("| ffn-test | mglu_val | val | 3 |") == 2 and out.count("3.00 core-hours of training") == 2
+    assert "interim" not in out
+
+
+def test_a_records_file_from_before_the_training_figures_says_it_has_no_compute(tmp_path, capsys):
+    study = fake_study(tmp_path / "study", VARIANTS)
+    assert main(["report", str(study), "--out", str(tmp_path / "report"), "--json"]) == 0
+    capsys.readouterr()
+    records = tmp_path / "report" / "records.json"
+    rec = json.loads(records.read_text())
+    for run in rec["plan_inputs"]["runs"]:  # what records files written before 2026-12-03 kept per run
+        for key in ("train_seconds", "steps", "tokens"):
+            del run[key]
+    records.write_text(json.dumps(rec))
+    assert study_outcomes(records)["compute"] is None
+    assert main(["outcomes", str(records)]) == 0
+    assert "compute: not in this records file (written before records kept it)" in capsys.readouterr().out
 
 
 def test_an_unfinished_study_says_its_outcomes_are_interim(tmp_path, capsys):
