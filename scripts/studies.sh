@@ -37,9 +37,9 @@ SNAPSHOTS="$REPO/studies"
 # (last, not a study: issue 25's same-science check of dtype = "bf16-head", which a later study may then use)
 # Finished studies leave this list (a new machine would otherwise prepare their data only to find nothing to run):
 # the FFN pilot (configs/sweeps/ffn-pilot-2.toml at becacde; records in docs/ffn-study/pilot2) and the FFN study
-# (configs/sweeps/ffn-study-2.toml at 45c20da, 18 of 18 runs; snapshot studies/ffn2.sql, report docs/ffn-study/round2).
+# (configs/sweeps/ffn-study-2.toml at 45c20da, 18 of 18 runs; snapshot studies/ffn2.sql, report docs/ffn-study/round2),
+# and the dead-zone tokens study (configs/sweeps/deadzone-tokens.toml at f3c5f9e, 75 of 75 runs; studies/tokens.sql).
 STUDIES=(
-  "tokens|f3c5f9e|configs/sweeps/deadzone-tokens.toml|runs/deadzone-tokens|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
   "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|runs/fastpath-check|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 )
 

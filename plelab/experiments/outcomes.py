@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from plelab.experiments.plan_report import hits_text
 from plelab.util.pages import fmt
 
 
@@ -64,13 +65,12 @@ def outcome_rows(studies: list[dict[str, Any]]) -> list[list[str]]:
                          "-" if not ci else f"[{fmt(ci[0], '+.4f')}, {fmt(ci[1], '+.4f')}]",
                          # behind a gate that did not pass, the test's outcome is description, not a finding
                          fmt(t.get("p_used"), ".2g"), r["outcome"] + (" (gate not passed)" if r.get("gated") else ""),
-                         r["predicted"] or "-",
-                         r["prediction"] or "-"])
+                         r["predicted"] or "-", hits_text(r), r["prediction"] or "-"])
     return rows
 
 
 OUTCOME_HEADERS = ["study", "test", "metric", "seeds", "Δ ± s.e. (nats)", "95 % CI", "p (corrected)", "outcome",
-                   "predicted", "prediction"]
+                   "predicted", "counts as a hit", "prediction"]
 
 
 def study_lines(studies: list[dict[str, Any]]) -> list[str]:

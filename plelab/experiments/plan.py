@@ -51,9 +51,17 @@ MACRO = "macro"
 """The metric name for the mean over the evaluation domains other than the held-out split."""
 PREDICTIONS = ("", "worse", "better", "equivalent")
 DECISION_KEYS = ("worse", "better", "equivalent", "not resolved", "worse, within margin", "better, within margin")
-HITS = {"worse": ("worse", "worse, within margin"), "better": ("better", "better, within margin"),
-        "equivalent": ("equivalent", "worse, within margin", "better, within margin")}
-"""The outcomes (stats.compare) that count as the predicted one."""
+ALLOWED_HITS = {"worse": ("worse", "worse, within margin"), "better": ("better", "better, within margin"),
+                "equivalent": ("equivalent", "worse, within margin", "better, within margin")}
+"""The outcomes a test predicting each thing may count as its hit (`hits`). "better, within margin" is its own
+outcome: a real gain (the t test rejects 0) that is also smaller than the margin (TOST). It may count for a
+"better" prediction or, where a plan says so, for an "equivalent" one ("no gain larger than the margin"), never
+silently: a plan that does not list it does not count it."""
+DEFAULT_HITS = {"worse": ("worse", "worse, within margin"), "better": ("better", "better, within margin"),
+                "equivalent": ("equivalent",)}
+"""A test's hits when its plan lists none: a predicted difference is met by that difference, inside the margin or
+not; a predicted equivalence only by "equivalent" (no difference shown and the interval inside the margin), since a
+difference the t test resolves is not "no difference"."""
 
 
 @dataclass
@@ -68,8 +76,18 @@ class RegisteredTest:
     none, equivalence is not tested)."""
     predicted: str = ""
     """The outcome the study predicts: worse (the loss is higher / rises), better, equivalent ("" = none)."""
+    hits: list[str] = field(default_factory=list)
+    """The outcomes that count as the prediction coming true ([] = DEFAULT_HITS[predicted]); any other outcome
+    but "not resolved" is a miss. Allowed per prediction: ALLOWED_HITS."""
     decisions: dict[str, str] = field(default_factory=dict)
-    """Outcome -> what the study then does or concludes (keys: DECISION_KEYS)."""
+    """Outcome -> what the study then does or concludes (keys: DECISION_KEYS). An outcome without one has no
+    registered decision: "better, within margin" does not borrow "better"'s or "equivalent"'s."""
+
+    def hit_outcomes(self) -> tuple[str, ...]:
+        """The outcomes scored as a hit: the stated `hits`, else the prediction's default (none without one)."""
+        if not self.predicted:
+            return ()
+        return tuple(self.hits) or DEFAULT_HITS[self.predicted]
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -83,6 +101,14 @@ class RegisteredTest:
         unknown = sorted(set(self.decisions) - set(DECISION_KEYS))
         if unknown:
             raise ConfigError(f"{where}: unknown decision key(s) {unknown}; use {', '.join(DECISION_KEYS)}")
+        if self.hits and not self.predicted:
+            raise ConfigError(f"{where}: hits needs a prediction (predicted = ...)")
+        if self.hits:
+            allowed = ALLOWED_HITS[self.predicted]
+            wrong = [h for h in self.hits if h not in allowed]
+            if wrong or len(set(self.hits)) != len(self.hits):
+                raise ConfigError(f"{where}: hits for a {self.predicted!r} prediction are drawn, once each, from "
+                                  f"{', '.join(repr(a) for a in allowed)}; got {self.hits}")
 
 
 @dataclass
@@ -221,9 +247,18 @@ LATER_FIELDS = ("interactions", "gate")
 """Plan fields added after plans were first registered: hashed only when set, so a registered plan keeps its hash."""
 
 
+TEST_LATER_FIELDS = ("hits",)
+"""Fields of a registered test added after plans were first registered: hashed only when set, likewise."""
+TEST_LISTS = ("comparisons", "dose_responses", "interactions")
+
+
 def plan_hash(plan: AnalysisPlan) -> str:
     """sha256 of the parsed plan in canonical JSON: what is registered, and what a change is measured on."""
     canonical = {k: v for k, v in to_dict(plan).items() if not (k in LATER_FIELDS and not v)}
+    for key in TEST_LISTS:
+        if key in canonical:
+            canonical[key] = [{k: v for k, v in t.items() if not (k in TEST_LATER_FIELDS and not v)}
+                              for t in canonical[key]]
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -298,17 +333,16 @@ def _per_seed(runs: Sequence[dict[str, Any]], evals: dict[str, Any], variant: st
 
 def _result(item: Any, metric: str, test: dict[str, Any], kind: str, extra: dict[str, Any]) -> dict[str, Any]:
     outcome = test["outcome"]
-    decision = item.decisions.get(outcome)
-    if decision is None and outcome.endswith("within margin"):
-        decision = item.decisions.get("equivalent")
+    hits = item.hit_outcomes()
     if not item.predicted or outcome == "n/a":
         verdict = None
     elif outcome == "not resolved":
         verdict = "unresolved"
     else:
-        verdict = "hit" if outcome in HITS[item.predicted] else "miss"
+        verdict = "hit" if outcome in hits else "miss"
     return {"name": item.name, "kind": kind, "metric": metric, **extra, "test": test, "outcome": outcome,
-            "predicted": item.predicted or None, "prediction": verdict, "decision": decision}
+            "predicted": item.predicted or None, "hits": list(hits), "hits_stated": bool(item.hits),
+            "prediction": verdict, "decision": item.decisions.get(outcome)}
 
 
 def _comparison_deltas(plan: AnalysisPlan, runs: Sequence[dict[str, Any]], evals: dict[str, Any],
@@ -381,8 +415,8 @@ def _apply_gate(plan: AnalysisPlan, results: list[dict[str, Any]]) -> dict[str, 
     """Mark the gate's result; when it did not come out as predicted, every other test is description only."""
     by_name = {r["name"]: r for r in results}
     gate = by_name[plan.gate]
-    # Exactly the predicted outcome: "worse, within margin" (significant, yet inside the equivalence margin) takes
-    # the "equivalent" decision, which for a gate says the question is not open here.
+    # Exactly the predicted outcome: "worse, within margin" (significant, yet inside the equivalence margin) says
+    # the difference is too small to open the question, so the gate stays shut.
     passed = gate["outcome"] == gate["predicted"]
     gate["gate"] = True
     for r in results:

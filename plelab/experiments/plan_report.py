@@ -55,7 +55,8 @@ def plan_blocks(pa: dict[str, Any] | None) -> list[Block]:
                      f"{fmt(t['mean'], '+.4f')} ± {fmt(t['se'])}", _ci(t.get("ci95")), fmt(t.get("p"), ".3g"),
                      fmt(t.get("p_used"), ".3g"),
                      "-" if not tost else f"±{tost['margin']:g}: p {fmt(tost.get('p'), '.3g')}",
-                     r["outcome"], r["predicted"] or "-", r["prediction"] or "-", r["decision"] or "-"])
+                     r["outcome"], r["predicted"] or "-", hits_text(r), r["prediction"] or "-",
+                     r["decision"] or ("-" if r["prediction"] is None else "no decision registered for this outcome")])
     gate = ev.get("gate")
     family = ev.get("family_size", len(rows))
     gating = "" if not gate else (
@@ -68,10 +69,19 @@ def plan_blocks(pa: dict[str, Any] | None) -> list[Block]:
         "on log2 dose).")
     blocks += [("h", 2, label), ("p", head),
                ("table", ["name", "kind", "metric", "seeds", "Δ ± s.e.", "95 % CI", "p", "p (corrected)",
-                          "equivalence (TOST)", "outcome", "predicted", "prediction", "decision"], rows)]
+                          "equivalence (TOST)", "outcome", "predicted", "counts as a hit", "prediction", "decision"],
+                rows)]
     if ev.get("notes"):
         blocks.append(("list", ev["notes"]))
     return blocks
+
+
+def hits_text(result: dict[str, Any]) -> str:
+    """The outcomes a registered test counts as its hit, with "(default)" when its plan did not list them."""
+    hits = result.get("hits") or []
+    if not hits:
+        return "-"
+    return " / ".join(hits) + ("" if result.get("hits_stated") else " (default)")
 
 
 def power_blocks(power: dict[str, Any]) -> list[Block]:

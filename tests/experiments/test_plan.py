@@ -288,3 +288,52 @@ REGISTERED_PLAN_HASHES = {
 def test_committed_plans_keep_their_registered_hash(name):
     root = Path(__file__).resolve().parents[2] / "configs" / "plans"
     assert plan_hash(load_plan(root / f"{name}.toml")) == REGISTERED_PLAN_HASHES[name]
+
+
+def _small_gain_study() -> tuple[list[dict], dict]:
+    """Three seeds whose dP = 8 run beats dP = 0 by 0.010-0.012 nats: a real gain, inside a 0.05 margin."""
+    runs, evals = [], {}
+    for seed, gain in ((1, 0.010), (2, 0.011), (3, 0.012)):
+        for dim in (0, 8):
+            name = f"s{seed}d{dim}"
+            runs.append({"name": name, "status": "done", "seed": seed, "point": {"model.ple.dim": dim, "seed": seed}})
+            evals[name] = {"val": {"loss": 5.0 + seed - (gain if dim else 0.0)}}
+    return runs, evals
+
+
+def _gain_plan(**test) -> dict:
+    return {"name": "g", "margin": 0.05, "comparisons": [{
+        "name": "dp8", "where": {"model.ple.dim": 8}, "reference_where": {"model.ple.dim": 0}, "metric": "val",
+        "decisions": {"equivalent": "the gain is gone", "better": "it still pays"}, **test}]}
+
+
+def test_better_within_margin_is_its_own_outcome_never_silently_an_equivalence():
+    runs, evals = _small_gain_study()
+    r = evaluate_plan(_gain_plan(predicted="equivalent"), runs, evals)["results"][0]
+    assert r["outcome"] == "better, within margin"
+    # The old scoring counted this as a hit for "equivalent" and gave it the "equivalent" decision ("gone").
+    assert r["prediction"] == "miss" and r["hits"] == ["equivalent"] and r["hits_stated"] is False
+    assert r["decision"] is None
+    # The same outcome meets a "better" prediction: a real gain, however small.
+    assert evaluate_plan(_gain_plan(predicted="better"), runs, evals)["results"][0]["prediction"] == "hit"
+    # A plan that means "no gain larger than the margin" says so, and is scored so.
+    stated = evaluate_plan(_gain_plan(predicted="equivalent", hits=["equivalent", "better, within margin"]),
+                           runs, evals)["results"][0]
+    assert stated["prediction"] == "hit" and stated["hits_stated"] is True
+    # A plan that counts only an unqualified difference misses on a small one.
+    strict = evaluate_plan(_gain_plan(predicted="better", hits=["better"]), runs, evals)["results"][0]
+    assert strict["prediction"] == "miss"
+
+
+def test_hits_must_fit_the_prediction_and_leave_old_plan_hashes_alone():
+    for test, match in (({"hits": ["better"]}, "needs a prediction"),
+                        ({"predicted": "better", "hits": ["equivalent"]}, "drawn, once each"),
+                        ({"predicted": "equivalent", "hits": ["equivalent", "equivalent"]}, "once each"),
+                        ({"predicted": "worse", "hits": ["not resolved"]}, "drawn")):
+        with pytest.raises(ConfigError, match=match):
+            load_plan({"plan": _gain_plan(**test)})
+    plain = load_plan({"plan": _gain_plan(predicted="better")})
+    stated = load_plan({"plan": _gain_plan(predicted="better", hits=["better", "better, within margin"])})
+    # Stated hits are part of the registered plan; unstated ones are not hashed, so the plans registered before
+    # the field existed keep their hashes (REGISTERED_PLAN_HASHES above checks the committed ones).
+    assert plan_hash(plain) != plan_hash(stated)
