@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 from plelab.data.tokenizer import Tokenizer  # noqa: E402
 from plelab.edge import c_engine  # noqa: E402
 from plelab.edge.format import PleFile  # noqa: E402
-from plelab.experiments.analysis import t_critical  # noqa: E402
+from plelab.stats import t_critical  # noqa: E402
 
 PATHS = {"fp32": ("fp32", "fp32"), "act8": ("int8", "fp32"), "kv8": ("fp32", "int8"), "act8_kv8": ("int8", "int8")}
 

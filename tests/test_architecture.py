@@ -34,10 +34,12 @@ FLOORS: dict[str, int] = {
     "parallel": 7,
     # 8: Hugging Face / Gemma checkpoints; the visual PLE plug-in
     "hf": 8, "vision": 8,
-    # 9: studies: the demo, sweeps, reports
+    # 9: the sweep engine: sweeps, analysis plans, records, the demo (knows no study)
     "experiments": 9,
-    # 10: the command line, and `python -m plelab`
-    "cli": 10, "__main__": 11,
+    # 10: the studies, one package each, and the registry `plelab report` reads
+    "studies": 10,
+    # 11: the command line, and `python -m plelab`
+    "cli": 11, "__main__": 12,
 }
 """Floor of each top-level package or module of plelab: an import may only point to a lower floor (or stay
 inside its own package). Keep docs/architecture.md in step with this table."""
@@ -150,6 +152,36 @@ def test_no_modules_import_each_other_in_a_circle():
         if module not in index:
             connect(module)
     assert not cycles, "modules that import each other in a circle: " + "; ".join(", ".join(c) for c in cycles)
+
+
+STUDY_BUILDS_ON = {"law": {"deadzone"}, "tokens": {"deadzone"}}
+"""The studies a study package may import: the dead-zone law and the tokens study extend the dead-zone analysis.
+Below the command line, only plelab.studies.registry, which lists every study, imports them freely: the engine
+(plelab.experiments) and the studies' shared modules (plelab.studies.review) import none."""
+
+
+def study_of(module: str) -> str | None:
+    """The study package a module belongs to (plelab.studies.law.report -> "law"); None outside one."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "studies" and (PACKAGE / "studies" / parts[2]).is_dir() \
+        else None
+
+
+def test_the_engine_imports_no_study_and_a_study_only_what_it_builds_on():
+    edges, _ = graph()
+    wrong = []
+    for src, found in edges.items():
+        for dst, line, _ in found:
+            theirs, ours = study_of(dst), study_of(src)
+            if theirs is None or theirs == ours or src == "plelab.studies.registry" or \
+                    top(src) not in ("experiments", "studies"):  # the command line above may use any study
+                continue
+            if ours is None:
+                wrong.append(f"{src}:{line} imports the {theirs} study ({dst}): only the registry may")
+            elif theirs not in STUDY_BUILDS_ON.get(ours, set()):
+                wrong.append(f"{src}:{line}: the {ours} study imports the {theirs} study ({dst}), which it does not "
+                             "build on (STUDY_BUILDS_ON)")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_checker_sees_what_it_should(tmp_path):

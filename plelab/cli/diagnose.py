@@ -104,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_early(args: argparse.Namespace) -> int:
-    """`--early`: the study's early rule (plelab/experiments/deadzone_law.json) on a run's logged signals."""
+    """`--early`: the study's early rule (plelab/studies/law/deadzone_law.json) on a run's logged signals."""
     from plelab.diagnostics.early import format_prediction, predict_from_run
     from plelab.errors import PlelabError
-    from plelab.experiments.law import load_law
+    from plelab.studies.law.analysis import load_law
 
     if not args.checkpoint:
         raise PlelabError("--early wants a run directory with metrics.jsonl and config.json, got .")

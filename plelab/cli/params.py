@@ -84,7 +84,7 @@ def _parse_dims(text: str) -> list[int]:
 
 
 def _suggest(model: str, hidden: int, as_json: bool) -> int:
-    from plelab.experiments.law import format_suggestion, load_law, suggest
+    from plelab.studies.law.analysis import format_suggestion, load_law, suggest
 
     advice = suggest(hidden, load_law())
     if as_json:

@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
                    help="with --measure-decode: tokens decoded per variant (default 64)")
     p.add_argument("--decode-runtime", choices=("numpy", "c"), default="numpy",
                    help="with --measure-decode: the edge runtime that decodes (default numpy)")
+    p.add_argument("--no-diagnose", action="store_true",
+                   help="the fast-path check (a sweep of fp32 and bf16-head variants): skip its fourth question, "
+                        "`plelab diagnose` on every run's final checkpoint")
 
 
 def _widths(text: str) -> list[int]:
@@ -67,13 +70,11 @@ def _widths(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Analyse with the folder's study (plelab.experiments.studies), write, print the summary or the JSON."""
-    from plelab.experiments.studies import make_report, report_from_records
+    """Analyse with the folder's study (plelab.studies.registry), write, print the summary or the JSON."""
+    from plelab.studies.registry import make_report, report_from_records, review_report
 
     if args.review:
-        from plelab.experiments.review_report import run_review
-
-        for path in run_review(args.dir, args.out, overwrite=args.overwrite):
+        for path in review_report(args.dir, args.out, overwrite=args.overwrite):
             print(path)
         return 0
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         study, analysis, paths = make_report(
             args.dir, args.out, flags=("law",) if args.law or args.predict else (), overwrite=args.overwrite,
             say=say, predict=args.predict, measure_decode=args.measure_decode, decode_tokens=args.decode_tokens,
-            decode_runtime=args.decode_runtime, plan=args.plan)
+            decode_runtime=args.decode_runtime, no_diagnose=args.no_diagnose, plan=args.plan)
     if args.json:
         print_json(study.to_json(analysis))
         return 0

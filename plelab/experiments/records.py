@@ -3,7 +3,7 @@
 Every study report writes OUT/records.json: the plain data its analysis rests on (per-seed final losses,
 timelines, costs and table diagnostics for the variant studies, every run's record for the dead-zone law, and
 the analysis plan's registration and inputs). A reviewer without the sweep folder regenerates the report, and
-every verdict in it, from that file alone (plelab.experiments.studies.report_from_records).
+every verdict in it, from that file alone (`plelab report RECORDS.json`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Rules (also in RULES):
                     dimensions can still pass as random; the ablation below is the test of use. And the
                     Gaussian is the null of an isotropic table: optimisation noise that is alike for every id
                     but anisotropic fails it too, so a study compares with its random-id control
-                    (plelab.experiments.vision_study);
+                    (plelab.studies.visual.analysis);
   ablation          caption loss on held-out batches with the visual PLE input zeroed ('zero': no injection at
                     all) and with the patch ids shuffled across the batch's patch positions ('shuffle_ids':
                     the table, gate and context path still run, the id's identity is gone); delta = ablated -

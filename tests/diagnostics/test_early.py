@@ -122,7 +122,7 @@ def test_diagnose_early_without_and_with_a_measured_rule(tmp_path, monkeypatch, 
     import json
 
     from plelab.cli.main import main
-    from plelab.experiments import law
+    from plelab.studies.law import analysis as law
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

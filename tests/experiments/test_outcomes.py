@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from test_ffn_report import VARIANTS, fake_study
+from sweep_helpers import VARIANTS, fake_study
 
 from plelab.cli.main import main
 from plelab.experiments.outcomes import outcome_rows, study_outcomes

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_ffn_report import PLAN, VARIANTS, fake_study
+from sweep_helpers import PLAN, VARIANTS, fake_study
 
 from plelab.cli.main import main
 from plelab.errors import PlelabError

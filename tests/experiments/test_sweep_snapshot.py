@@ -10,11 +10,11 @@ import pytest
 
 from plelab.cli.main import main
 from plelab.errors import PlelabError
-from plelab.experiments.analysis import analyze_sweep
 from plelab.experiments.sweep import load_sweep
 from plelab.experiments.sweep_runner import run_sweep
 from plelab.experiments.sweep_snapshot import logs_dir, read_header, restore_snapshot, write_snapshot
 from plelab.experiments.sweep_store import SweepStore
+from plelab.studies.deadzone.analysis import analyze_sweep
 
 
 def _elsewhere(finished_sweep: Path, out: Path):

@@ -108,7 +108,7 @@ def test_the_held_out_split_can_be_scored_whole_beside_capped_domains(cfg, tmp_p
 
 
 def test_a_sample_note_compares_runs_per_domain_not_domains_with_each_other():
-    from plelab.experiments.analysis import sample_note
+    from plelab.experiments.sweep_results import sample_note
 
     whole_val = {"val": {"sample": "all"}, "prose": {"sample": "spread"}}
     assert sample_note({"a": whole_val, "b": whole_val}) is None  # domains differ; each domain's runs agree
