@@ -1,8 +1,8 @@
 """Training-step speed of the studies' models: the fp32 reference against the bf16-head fast path (issue 25).
 
 Prints one JSON object. The models are read from the studies' own sweep files: the dead-zone-law models
-(configs/sweeps/deadzone-law-h{32,64,128}.toml: 4 layers, vocab 8,192, simple-form PLE at dP = H/4 by default)
-and the FFN study's baseline (configs/sweeps/ffn-study.toml, variant swiglu: H = 96, vocab 4,096), each at its
+(studies/law/deadzone-law-h{32,64,128}.toml: 4 layers, vocab 8,192, simple-form PLE at dP = H/4 by default)
+and the FFN study's baseline (studies/ffn/ffn-study.toml, variant swiglu: H = 96, vocab 4,096), each at its
 sweep's batch (16 x 128). A step is the trainer's: forward with `return_logits=False` under the run's compute
 context (plelab.training.trainer.compute_context), backward, global-norm clipping, AdamW (fused where the
 trainer fuses it: bf16-head on a CPU) + the lazy sparse Adam of the PLE table (plelab.training.optim.Optimizer),
@@ -51,7 +51,7 @@ from plelab.training.optim import Optimizer, grad_norm_and_clip, model_config_fo
 from plelab.training.trainer import adamw_fused, compute_context  # noqa: E402
 from plelab.util.device import choose_precision, cpu_bf16_features  # noqa: E402
 
-SWEEPS = ROOT / "configs" / "sweeps"
+STUDIES = ROOT / "studies"
 REFERENCE, FAST = "fp32", "bf16-head"
 
 
@@ -61,10 +61,11 @@ def study_models(ple_ratio: float, quick: bool) -> dict[str, TrainConfig]:
     widths = [32] if quick else [32, 64, 128]
     for H in widths:
         dim = int(H * ple_ratio)
-        sweep = load_sweep(SWEEPS / f"deadzone-law-h{H}.toml", [f"grid.model.ple.dim=[{dim}]", "grid.seed=[1]"])
+        sweep = load_sweep(STUDIES / "law" / f"deadzone-law-h{H}.toml",
+                           [f"grid.model.ple.dim=[{dim}]", "grid.seed=[1]"])
         out[f"law_h{H}_dP{dim}"] = sweep.points[0].config
     if not quick:
-        sweep = load_sweep(SWEEPS / "ffn-study.toml", ["grid.seed=[1]"])
+        sweep = load_sweep(STUDIES / "ffn" / "ffn-study.toml", ["grid.seed=[1]"])
         out["ffn_study_swiglu"] = next(p.config for p in sweep.points if p.variant == sweep.baseline)
     if quick:  # seconds, not minutes: the same model kinds, shrunk
         out = {name: dataclasses.replace(cfg, batch_size=2, seq_len=32,

@@ -9,7 +9,7 @@
 #   bash scripts/studies.sh status     # where each study stands (reads only)
 #   bash scripts/studies.sh start      # prepare what is missing, then run the unfinished studies one after another
 #   bash scripts/studies.sh start --dry-run   # make the worktrees, print the chain `start` would run, run nothing
-#   bash scripts/studies.sh save       # snapshot each study's database into studies/<name>.sql (commit those)
+#   bash scripts/studies.sh save       # snapshot each study's database into studies/<name>/<sweep>.sql (commit those)
 #   bash scripts/studies.sh stop       # stop them, then save (a later start resumes)
 #   bash scripts/studies.sh drain      # start no new run, let the running ones finish, then stop and save
 #
@@ -18,8 +18,8 @@
 # loses nothing: begin it when the runs in flight will finish in time (it prints their ETAs).
 #
 # The worktrees and their run folders live on this machine's disk only; a new machine starts without them. What
-# carries a study across machines is studies/<name>.sql, its database as SQL text (`plelab sweep --snapshot`):
-# every finished run's config, result, evaluation and timeline. `start` seeds a missing sweep folder from it
+# carries a study across machines is studies/<name>/<sweep>.sql in its folder, its database as SQL text (`plelab
+# sweep --snapshot`): every finished run's config, result, evaluation and timeline. `start` seeds a missing sweep folder from it
 # (`plelab sweep --restore`, refused if the prepared data came out different), so only the runs that were
 # unfinished at the last snapshot train again. A running chain saves every 10 minutes; commit studies/ often.
 #
@@ -32,23 +32,28 @@ REPO=$(pwd)
 LOGS="$REPO/../plelab-study-logs"
 SNAPSHOTS="$REPO/studies"
 
-# name | pinned commit | sweep file (relative to the worktree) | its sweep folder | prepared data the sweep reads |
-# how to make it
+# name | pinned commit | sweep file (its path in the pinned commit, inside the worktree) | its sweep folder |
+# prepared data the sweep reads | how to make it. A commit from before studies had folders of their own keeps its
+# sweep file under configs/sweeps/; the snapshot goes to this checkout's studies/<name>/<sweep file's stem>.sql
+# whatever the commit.
 # (last, not a study: issue 25's same-science check of dtype = "bf16-head", which a later study may then use)
 # Finished studies leave this list (a new machine would otherwise prepare their data only to find nothing to run):
-# the FFN pilot (configs/sweeps/ffn-pilot-2.toml at becacde; records in docs/ffn-study/pilot2) and the FFN study
-# (configs/sweeps/ffn-study-2.toml at 45c20da, 18 of 18 runs; snapshot studies/ffn2.sql, report docs/ffn-study/round2),
-# and the dead-zone tokens study (configs/sweeps/deadzone-tokens.toml at f3c5f9e, 75 of 75 runs; studies/tokens.sql).
+# the FFN pilot (configs/sweeps/ffn-pilot-2.toml at becacde; records in studies/ffn/ffn-pilot-2/) and the FFN study
+# (configs/sweeps/ffn-study-2.toml at 45c20da, 18 of 18 runs; snapshot studies/ffn/ffn-study-2.sql, report
+# studies/ffn/ffn-study-2/), and the dead-zone tokens study (configs/sweeps/deadzone-tokens.toml at f3c5f9e, 75 of
+# 75 runs; snapshot studies/tokens/deadzone-tokens.sql, report studies/tokens/deadzone-tokens/).
 STUDIES=(
   "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|runs/fastpath-check|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 )
 
 # Studies whose checks read the runs' per-step training curves (the fast path's curve comparison): their
-# snapshots also keep each finished run's metrics.jsonl (studies/<name>.sql.logs/). The others' verdicts need only
-# the database, and their logs would be megabytes a run.
+# snapshots also keep each finished run's metrics.jsonl (studies/<name>/<sweep>.sql.logs/). The others' verdicts need
+# only the database, and their logs would be megabytes a run.
 WITH_LOGS=" fastpath "
 
 worktree() { echo "$REPO/../plelab-study-$1"; }
+# A study's snapshot: in its folder here, named after its sweep file ($1 name, $2 sweep file).
+snapshot() { echo "$SNAPSHOTS/$1/$(basename "$2" .toml).sql"; }
 q() { printf '%q' "$1"; }
 # This checkout's plelab, whatever pip last installed (an editable install of another clone, or none): -P keeps the
 # current folder (a worktree's pinned copy) off sys.path, PYTHONPATH puts this checkout first. The sweeps themselves
@@ -59,14 +64,14 @@ status() {
   for entry in "${STUDIES[@]}"; do
     IFS='|' read -r name commit sweep folder data _ <<<"$entry"
     dir=$(worktree "$name")
-    snap="$SNAPSHOTS/$name.sql"
+    snap=$(snapshot "$name" "$sweep")
     if [[ ! -f "$dir/$folder/sweep.sqlite" ]]; then
       if [[ -f "$snap" ]]; then
         echo "$name: not running here; its snapshot $snap says: $(here_py -c 'import sys
 from plelab.experiments.sweep_snapshot import read_header
 h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
       else
-        echo "$name: not started (worktree $dir at $commit; \`start\` makes it)"
+        echo "$name: not started (worktree $dir at $commit; no snapshot at $snap; \`start\` makes it)"
       fi
       continue
     fi
@@ -96,7 +101,7 @@ start() {
     [[ -d "$dir" ]] || git worktree add --detach "$dir" "$commit"
     [[ "$(git -C "$dir" rev-parse --short=7 HEAD)" == "$commit" ]] \
       || { echo "$dir is not at $commit: a study runs from its pinned commit only" >&2; exit 2; }
-    snap="$SNAPSHOTS/$name.sql"
+    snap=$(snapshot "$name" "$sweep")
     # Every path goes into the chain through printf %q, so a checkout whose path has spaces or quotes works.
     chain+="cd $(q "$dir") && { [[ -f $(q "$data/manifest.json") ]] || $prepare; } && "
     # This checkout's plelab restores (the pinned commit may predate --restore); the sweep runs the pinned code.
@@ -180,7 +185,9 @@ save() {
     [[ -f "$dir/$folder/sweep.sqlite" ]] || continue
     logs=()
     [[ "$WITH_LOGS" == *" $name "* ]] && logs=(--with-logs)
-    (cd "$dir" && here_py -m plelab sweep "$sweep" --snapshot "$SNAPSHOTS/$name.sql" "${logs[@]}") \
+    snap=$(snapshot "$name" "$sweep")
+    mkdir -p "$(dirname "$snap")"
+    (cd "$dir" && here_py -m plelab sweep "$sweep" --snapshot "$snap" "${logs[@]}") \
       || echo "$name: snapshot failed" >&2
   done
 }

@@ -9,14 +9,30 @@ from pathlib import Path
 
 # The tiny dataset and training config live with the trainer tests; share them instead of copying.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "training"))
+from shared_data_helpers import REPO  # noqa: E402
 from training_helpers import make_dataset, write_config  # noqa: E402
 
 from plelab.experiments.sweep import RESOLVED_FILE, load_sweep  # noqa: E402
 from plelab.experiments.sweep_store import SweepStore  # noqa: E402
 from plelab.studies.ffn.analysis import PUBLISHED_DOMAINS  # noqa: E402
 
-__all__ = ["GAPS", "PLAN", "SEEDS", "TOKENS", "VARIANTS", "WOBBLE", "fake_study", "make_dataset", "write_config",
-           "write_sweep"]
+__all__ = ["GAPS", "PLAN", "SEEDS", "STUDIES", "TOKENS", "VARIANTS", "WOBBLE", "fake_study", "make_dataset",
+           "study_file", "sweep_files", "write_config", "write_sweep"]
+
+STUDIES = REPO / "studies"
+"""Each study's folder: its sweep files (NAME.toml), analysis plans (NAME.plan.toml), snapshots and reports."""
+
+
+def study_file(name: str) -> Path:
+    """A committed sweep or plan file by its file name, in whichever study's folder holds it."""
+    found = sorted(STUDIES.glob(f"*/{name}"))
+    assert len(found) == 1, f"{name}: expected in one study folder, found {found}"
+    return found[0]
+
+
+def sweep_files() -> list[Path]:
+    """Every committed sweep file (studies/*/*.toml but the analysis plans)."""
+    return sorted(p for p in STUDIES.glob("*/*.toml") if not p.name.endswith(".plan.toml"))
 
 TRAIN = dict(max_steps=12, ckpt_every=4, log_every=4, diagnostics_every=4)
 

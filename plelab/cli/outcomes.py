@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
         "evaluations, with the runs finished and the core-hours of training: the table a study's closing note "
         "quotes, without copying numbers by hand. Reads a sweep folder or the records.json a report committed.",
         "plelab outcomes runs/ffn-study-2 ../plelab-study-tokens/runs/deadzone-tokens\n"
-        "  plelab outcomes docs/visual-ple-study/round2/records.json --markdown   (a table to paste into a note)\n"
+        "  plelab outcomes studies/visual/visual-ple-ids/records.json --markdown   (a table to paste into a note)\n"
         "  plelab outcomes runs/ffn-study-2 --json",
         run,
     )

@@ -14,16 +14,20 @@ def add_parser(sub) -> None:
     """Register `plelab report`."""
     p = add_command(
         sub, "report",
-        "Analyse a sweep folder: the seed-style table (dP, added params, loss mean +- seed std, delta vs dP=0), "
-        "dead-zone / transition / diminishing-returns steps, per-domain table, early vs final PLE verdicts, plots; "
-        "writes DIR/report.html (self-contained) and DIR/report.md. On a sweep with [variants] (the FFN study): "
-        "per-domain paired deltas vs the baseline variant, verdicts, the gap timeline and the published table.",
+        "Analyse a sweep folder with the study it belongs to (plelab.studies.registry) and write DIR/report.html "
+        "(self-contained) and DIR/report.md with its plots. Any dP sweep gets the dead-zone report: the seed-style "
+        "table (dP, added params, loss mean +- seed std, delta vs dP=0), dead-zone / transition / diminishing-returns "
+        "steps, paired deltas, per-domain table, early vs final PLE verdicts; a dP sweep over several training "
+        "lengths adds the gain against tokens (the tokens study); a sweep with [variants] gets the FFN study's "
+        "per-domain paired deltas, verdicts and gap timeline, or the visual PLE study's or the fast-path check's "
+        "report when its runs are of that kind.",
         "plelab report runs/deadzone-small\n"
         "  plelab report runs/ffn-study --json   (a sweep with [variants]; see docs/ffn-study.md)\n"
-        "  plelab report runs/deadzone-small --out docs/deadzone-study --json\n"
+        "  plelab report runs/deadzone-small --out studies/deadzone/deadzone-small --json\n"
         "  plelab report runs/deadzone-law --law --predict 128   (see docs/deadzone-law.md)\n"
-        "  plelab report docs/ffn-study/records.json --out /tmp/ffn   (recomputed from the committed records)\n"
-        "  plelab report docs/ffn-study --review   (a committed report without records, under the current rules)",
+        "  plelab report runs/fastpath-check --no-diagnose   (fp32 vs bf16-head, without plelab diagnose)\n"
+        "  plelab report studies/ffn/ffn-study-2/records.json --out /tmp/ffn   (from the committed records)\n"
+        "  plelab report studies/ffn/ffn-study --review   (a committed report without records, current rules)",
         run,
     )
     p.add_argument("dir", help="sweep folder (holds sweep.sqlite), or a records.json a study report wrote (the report "

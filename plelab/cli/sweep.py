@@ -16,14 +16,15 @@ def add_parser(sub) -> None:
         "Run every point of a sweep file's grid (crossed with its [variants.NAME] tables, if any) as a run under "
         "the sweep folder (resumable: rerun the same command after a kill), recording configs, metrics, final "
         "evaluations and evaluation timelines in SWEEP_DIR/sweep.sqlite.",
-        "plelab sweep configs/sweeps/deadzone-small.toml\n"
-        "  plelab sweep configs/sweeps/deadzone-small.toml --status\n"
-        "  plelab sweep configs/sweeps/deadzone-small.toml --set base.data=/tmp/plelab-data --set grid.seed=[1]\n"
-        "  plelab sweep configs/sweeps/deadzone-small.toml --restart-changed   # after editing trained runs' values\n"
-        "  plelab sweep configs/sweeps/ffn-study.toml --power --pilot runs/ffn-pilot   # size it before it runs\n"
-        "  plelab sweep configs/sweeps/deadzone-small.toml --snapshot studies/deadzone-small.sql   # keep finished "
-        "runs in git\n"
-        "  plelab sweep configs/sweeps/deadzone-small.toml --restore studies/deadzone-small.sql    # on a new machine\n"
+        "plelab sweep studies/deadzone/deadzone-small.toml\n"
+        "  plelab sweep studies/deadzone/deadzone-small.toml --status\n"
+        "  plelab sweep studies/deadzone/deadzone-small.toml --set base.data=/tmp/plelab-data --set grid.seed=[1]\n"
+        "  plelab sweep studies/deadzone/deadzone-small.toml --restart-changed   # after editing trained runs' values\n"
+        "  plelab sweep studies/ffn/ffn-study.toml --power --pilot runs/ffn-pilot   # size it before it runs\n"
+        "  plelab sweep studies/deadzone/deadzone-small.toml --snapshot studies/deadzone/deadzone-small.sql   # keep "
+        "finished runs in git\n"
+        "  plelab sweep studies/deadzone/deadzone-small.toml --restore studies/deadzone/deadzone-small.sql   # on a "
+        "new machine\n"
         "  plelab report runs/deadzone-small",
         run,
     )

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from sweep_helpers import PLAN, VARIANTS, fake_study
+from sweep_helpers import PLAN, VARIANTS, fake_study, study_file
 
 from plelab.cli.main import main
 from plelab.errors import PlelabError
@@ -286,8 +286,7 @@ REGISTERED_PLAN_HASHES = {
 
 @pytest.mark.parametrize("name", sorted(REGISTERED_PLAN_HASHES))
 def test_committed_plans_keep_their_registered_hash(name):
-    root = Path(__file__).resolve().parents[2] / "configs" / "plans"
-    assert plan_hash(load_plan(root / f"{name}.toml")) == REGISTERED_PLAN_HASHES[name]
+    assert plan_hash(load_plan(study_file(f"{name}.plan.toml"))) == REGISTERED_PLAN_HASHES[name]
 
 
 def _small_gain_study() -> tuple[list[dict], dict]:

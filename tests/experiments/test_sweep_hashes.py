@@ -10,20 +10,20 @@ import json
 from pathlib import Path
 
 import pytest
+from sweep_helpers import study_file, sweep_files
 
 from plelab.experiments.sweep import load_sweep
 
-REPO = Path(__file__).resolve().parents[2]
 RECORDED = json.loads(Path(__file__).with_name("committed_sweep_hashes.json").read_text())
 
 
 def test_every_committed_sweep_file_is_recorded():
-    assert sorted(RECORDED) == sorted(p.name for p in (REPO / "configs" / "sweeps").glob("*.toml"))
+    assert sorted(RECORDED) == sorted(p.name for p in sweep_files())
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_sweep_run_names_and_config_hashes_are_unchanged(name, tmp_path):
-    sweep = load_sweep(REPO / "configs" / "sweeps" / name, out=tmp_path / "out")
+    sweep = load_sweep(study_file(name), out=tmp_path / "out")
     assert {p.name: p.config_hash for p in sweep.points} == RECORDED[name]
     assert [p.name for p in sweep.points] == list(RECORDED[name])
 
@@ -31,7 +31,7 @@ def test_sweep_run_names_and_config_hashes_are_unchanged(name, tmp_path):
 def test_a_field_added_to_the_vision_section_is_hashed_only_off_its_default():
     from plelab.experiments.sweep import config_hash
 
-    sweep = load_sweep(REPO / "configs" / "sweeps" / "visual-ple-study.toml", out=Path("/tmp/unused"))
+    sweep = load_sweep(study_file("visual-ple-study.toml"), out=Path("/tmp/unused"))
     cfg = sweep.points[0].config_dict()
     assert cfg["vision"]["pixels"] is True
     without = {**cfg, "vision": {k: v for k, v in cfg["vision"].items() if k != "pixels"}}

@@ -6,14 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from sweep_helpers import write_sweep
+from sweep_helpers import study_file, write_sweep
 
 from plelab.cli.main import main
 from plelab.edge.budget import budget_value
 from plelab.experiments.sweep import config_hash, load_sweep
 from plelab.util.dataclass_config import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
 VARIANTS = """
 [variants.swiglu]
 [variants.mglu1]
@@ -100,11 +99,11 @@ def test_bad_variants_are_one_clear_line(tmp_path, capsys, options, variants, me
 def test_sweep_files_without_variants_keep_their_run_names_and_config_hashes():
     # Recorded with plelab before variants, timelines and the MoE/pruned FFN fields existed (commit e4a994c).
     recorded = json.loads((Path(__file__).with_name("deadzone_h32_hashes.json")).read_text())
-    sweep = load_sweep(REPO / "configs" / "sweeps" / "deadzone-law-h32.toml")
+    sweep = load_sweep(study_file("deadzone-law-h32.toml"))
     assert {p.name: p.config_hash for p in sweep.points} == recorded
     assert list(recorded) == [p.name for p in sweep.points]
     # A field added later still counts once it is set off its default.
-    timeline = load_sweep(REPO / "configs" / "sweeps" / "deadzone-law-h32.toml", ["base.eval_timeline=8"])
+    timeline = load_sweep(study_file("deadzone-law-h32.toml"), ["base.eval_timeline=8"])
     assert timeline.points[0].config_hash != recorded["seed=1,dim=0"]
     config = sweep.points[0].config_dict()
     config["model"]["ffn"]["num_experts"] += 1
@@ -112,11 +111,11 @@ def test_sweep_files_without_variants_keep_their_run_names_and_config_hashes():
 
 
 def test_the_ffn_study_file_states_the_widths_match_ffn_solves():
-    """configs/sweeps/ffn-study.toml writes its matched widths out (so the file says what ran): they must be what
+    """studies/ffn/ffn-study.toml writes its matched widths out (so the file says what ran): they must be what
     budget.match_ffn solves against MGLU n_m = 1, or the study's equal-budget claim is false."""
     from plelab.edge.budget import FREE_WIDTH, inference_bytes, match_ffn
 
-    sweep = load_sweep(REPO / "configs/sweeps/ffn-study.toml", ["grid.seed=[1]"])
+    sweep = load_sweep(study_file("ffn-study.toml"), ["grid.seed=[1]"])
     models = {p.variant: p.config.model for p in sweep.points}
     matched = ["swiglu_narrow", "lowrank", "pruned", "moe"]
     for name in matched:

@@ -1,5 +1,6 @@
 """scripts/studies.sh from a checkout whose path has a space and a quote: the background chain it would start
 parses, quotes every path, and the read-only subcommands run this checkout's plelab."""
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,9 +38,19 @@ def test_dry_run_chain_parses_and_quotes_paths(odd_checkout: Path):
 
 
 def test_status_reads_a_snapshot_with_this_checkouts_plelab(odd_checkout: Path):
-    snapshots = sorted((odd_checkout / "studies").glob("*.sql"))
+    snapshots = sorted((odd_checkout / "studies").glob("*/*.sql"))
     if not snapshots:
         pytest.skip("no study snapshot committed in studies/")
+    # A listed study that is not running here and has no snapshot says where its snapshot would be; give it one
+    # (any committed snapshot: status reads only its header) and it is read from there.
+    first = subprocess.run(["bash", "scripts/studies.sh", "status"], cwd=odd_checkout, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    missing = re.search(r"no snapshot at (.+?\.sql);", first.stdout)
+    if missing:
+        target = Path(missing.group(1))
+        assert target.parent.parent == odd_checkout / "studies"  # studies/<name>/<sweep>.sql, in the study's folder
+        target.parent.mkdir(exist_ok=True)
+        shutil.copy(snapshots[0], target)
     out = subprocess.run(["bash", "scripts/studies.sh", "status"], cwd=odd_checkout, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr

@@ -6,8 +6,7 @@ import json
 import math
 
 import pytest
-from shared_data_helpers import REPO
-from sweep_helpers import make_dataset
+from sweep_helpers import make_dataset, study_file
 
 from plelab.cli.main import main
 from plelab.errors import PlelabError
@@ -17,12 +16,10 @@ from plelab.studies.fastpath import check as F
 from plelab.studies.fastpath.report import write_fastpath_report
 from plelab.studies.registry import choose_study
 
-SWEEPS = REPO / "configs" / "sweeps"
-
 
 def test_the_fp32_runs_are_the_dead_zone_law_h64_runs_and_bf16_head_differs_only_in_dtype():
-    check = load_sweep(SWEEPS / "fastpath-check.toml")
-    law = load_sweep(SWEEPS / "deadzone-law-h64.toml", ["grid.model.ple.dim=[0, 4]"])
+    check = load_sweep(study_file("fastpath-check.toml"))
+    law = load_sweep(study_file("deadzone-law-h64.toml"), ["grid.model.ple.dim=[0, 4]"])
     law_hashes = {(p.values["seed"], p.values["model.ple.dim"]): p.config_hash for p in law.points}
     assert check.baseline == "fp32" and len(check.points) == 12
     for p in check.points:
@@ -96,7 +93,7 @@ def test_a_tiny_real_check_runs_end_to_end(tmp_path, capsys):
                  "base.model.vocab_size=258", "base.model.hidden_size=32", "base.model.num_heads=2",
                  "base.model.max_seq_len=32", "base.model.ffn.intermediate_size=64", "grid.seed=[1, 2]",
                  "sweep.parallel=1"]
-    sweep = load_sweep(SWEEPS / "fastpath-check.toml", overrides, out=tmp_path / "check")
+    sweep = load_sweep(study_file("fastpath-check.toml"), overrides, out=tmp_path / "check")
     assert run_sweep(sweep, quiet=True, say=lambda _: None) == {"done": 8}
     assert choose_study(sweep.folder).name == "fast-path"
     assert main(["report", str(sweep.folder), "--json"]) == 0

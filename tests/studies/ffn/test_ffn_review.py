@@ -4,16 +4,14 @@ made to the write-up, checked on the committed file itself (each of these read t
 from __future__ import annotations
 
 import pytest
-from shared_data_helpers import REPO
+from sweep_helpers import STUDIES
 
 from plelab.studies.ffn.review import ffn_review
-
-DOCS = REPO / "docs"
 
 
 @pytest.fixture(scope="module")
 def ffn():
-    return ffn_review((DOCS / "ffn-study" / "report.md").read_text())
+    return ffn_review((STUDIES / "ffn" / "ffn-study" / "report.md").read_text())
 
 
 def test_ffn_mglu_gap_did_open(ffn):

@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from shared_data_helpers import REPO
+from sweep_helpers import STUDIES
 
 from plelab.studies.law.analysis import law_summary, load_law, suggest
 from plelab.studies.law.review import upgrade_law
 
-DOCS = REPO / "docs"
-
 
 @pytest.fixture(scope="module")
 def law():
-    return upgrade_law(json.loads((DOCS / "deadzone-law" / "law.json").read_text()), draws=4000)
+    return upgrade_law(json.loads((STUDIES / "law" / "deadzone-law" / "law.json").read_text()), draws=4000)
 
 
 def test_law_dose_response_resolves_what_the_per_dp_tests_did_not(law):

@@ -3,15 +3,13 @@ review made to the write-up, checked on the committed file itself."""
 
 from __future__ import annotations
 
-from shared_data_helpers import REPO
+from sweep_helpers import STUDIES
 
 from plelab.studies.visual.review import visual_review
 
-DOCS = REPO / "docs"
-
 
 def test_visual_eight_comparisons_none_survives_holm():
-    r = visual_review((DOCS / "visual-ple-study" / "report.md").read_text())
+    r = visual_review((STUDIES / "visual" / "visual-ple-study" / "report.md").read_text())
     alone = [v for v, t in r["vs_none"].items() if t["outcome_alone"] == "worse"]
     assert len(alone) == 7 and not [v for v, t in r["vs_none"].items() if t["outcome"] != "not resolved"]
     lam01 = r["vs_none"]["fix-aux0.1"]                                   # 'λ = 0.1 removes most of the cost'

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vision"))
-from shared_data_helpers import REPO  # noqa: E402
+from sweep_helpers import study_file  # noqa: E402
 from vision_helpers import serve_planted_corpus  # noqa: E402
 
 from plelab.cli.main import main  # noqa: E402
@@ -24,7 +24,7 @@ from plelab.studies.visual.analysis import DIAG_FILE, analyze_vision_study, is_v
 from plelab.studies.visual.report import write_vision_report  # noqa: E402
 from plelab.vision.diagnostics import table_report, vision_verdict  # noqa: E402
 
-STUDY = REPO / "configs" / "sweeps" / "visual-ple-study.toml"
+STUDY = study_file("visual-ple-study.toml")
 
 
 def test_the_study_sweep_expands_to_every_config_the_issue_asks_for():
