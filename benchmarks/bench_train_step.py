@@ -6,8 +6,8 @@ round and medians over repeats after warm-up (the machine is shared, so single t
 1. ours (dP = 0) vs `LlamaForCausalLM` with identical dimensions, sdpa attention, tied embedding, the
    same batch and the same AdamW settings (foreach, as plelab's trainer uses) on both sides. Before
    timing, our weights are copied into the Llama model and logits and loss compared, which proves the
-   two compute the same function. "ours" is the training path with the CPU kernels (`kernels="on"`,
-   plelab/model/kernels.py), `model(ids, targets, return_logits=False)` (head + cross-entropy fused in
+   two compute the same function. "ours" is the training path with the fused ops (`kernels="on"`,
+   plelab/model/fused_ops.py), `model(ids, targets, return_logits=False)` (head + cross-entropy fused in
    row chunks); "ours_returning_logits" is the same model called as `model(ids, targets)`, which also
    materialises the logits; "ours_reference" is the reference model (`kernels="off"`: plain RMSNorm,
    RoPE and cross-entropy), all timed in the same rotation.

@@ -12,7 +12,7 @@ def add_command(sub, name: str, help: str, example: str, func) -> argparse.Argum
     """Register a subcommand whose --help ends with a runnable example."""
     p = sub.add_parser(
         name,
-        help=help,
+        help=help.replace("%", "%%"),  # argparse %-formats the listing's help (a "95 %" would crash `plelab --help`)
         description=help,
         epilog=f"Example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,4 +1,4 @@
-"""`plelab diagnose`: is a run's PLE alive, weak or dead? Ablation, injection, gates and table health per layer."""
+"""`plelab diagnose`: does a run use its PLE table (ablation), and does the table pay (against its dP = 0 twin)?"""
 
 from __future__ import annotations
 
@@ -14,9 +14,14 @@ def add_parser(sub) -> None:
     """Register `plelab diagnose`."""
     p = add_command(
         sub, "diagnose",
-        "Diagnose a run's PLE: per-layer injection ratio, gates, table health against random baselines, "
-        "ablation losses, and an alive / weak / dead verdict with the rule behind it.",
-        "plelab diagnose runs/small-ple --data data/prepared --json\n"
+        "Diagnose a run's PLE with two verdicts. used (dependence): does the trained model rely on its table? "
+        "Ablation: the loss with PLE switched off minus with it on (used / unused / not resolved / harmful). "
+        "pays (benefit): is the model better than its dP = 0 twin trained on the same tokens? The paired loss "
+        "difference on the same batches (better / equivalent / worse / not resolved, with the interval). A model "
+        "depends on a table it was trained with whether or not the table bought anything: only pays says that. "
+        "Also per-layer injection ratio, gates and table health against random baselines.",
+        "plelab diagnose runs/demo/ple          # the run's own eval data; the twin runs/demo/base found beside it\n"
+        "  plelab diagnose runs/small-ple --twin runs/small-base --data data/prepared --json\n"
         "  plelab diagnose runs/small-ple/checkpoints/step_00002000 --data ../shared/data/valid\n"
         "  plelab diagnose --hf ~/models/gemma-3n-E2B-it --data ../shared/data/valid --layers 0,10,20",
         run,
@@ -30,8 +35,13 @@ def add_parser(sub) -> None:
                    "(default all; each costs 3 ablation passes over the batches)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], type=_precision,
                    help="with --hf: dtype of the in-memory model (default fp32; bf16 halves its RAM)")
-    p.add_argument("--data", help="prepared dataset folder, folder of domain .txt files, or a .npy token array; "
-                   "without it only injection/gate statistics on random tokens (no ablation)")
+    p.add_argument("--data", help="prepared dataset folder, folder of domain .txt files, or a .npy token array "
+                   "(default: the run's recorded eval_data, else its training data's validation split; with none "
+                   "found, only injection/gate statistics on random tokens and a provisional verdict)")
+    p.add_argument("--twin", metavar="RUN", help="the run's dP = 0 twin (same data, seed, steps and config but "
+                   "model.ple.dim = 0) for the pays verdict (default: found beside the run, e.g. the demo's base or "
+                   "the same seed's dP = 0 run of a sweep); refused if it is not a twin")
+    p.add_argument("--no-twin", action="store_true", help="do not look for a twin (pays: not measured)")
     p.add_argument("--batches", type=options.positive_int, default=8,
                    help="evaluation batches for ablation (default 8)")
     p.add_argument("--batch-size", type=options.positive_int, default=8, help="sequences per batch (default 8)")
@@ -73,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.hf is None) == (args.checkpoint is None):
         raise PlelabError("give either a run/checkpoint directory or --hf PATH (a Hugging Face folder)")
+    if args.hf is not None and args.twin:
+        raise PlelabError("--twin applies to plelab runs; for a Hugging Face folder use --base (PLE use before and "
+                          "after a fine-tune)")
     common = dict(device=args.device, batches=args.batches, batch_size=args.batch_size, seq_len=args.seq_len,
                   top_k=args.top_k, seed=args.seed)
     if args.hf is not None:
@@ -88,9 +101,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.layers is not None:
             raise PlelabError("--layers applies to --hf checkpoints only")
+        if args.twin and args.no_twin:
+            raise PlelabError("--twin and --no-twin contradict each other: give one")
         from plelab.diagnostics.diagnose_run import diagnose_run
 
-        report = diagnose_run(args.checkpoint, args.data, **common)
+        report = diagnose_run(args.checkpoint, args.data, twin=args.twin, find=not args.no_twin, **common)
     if args.json:
         print_json(report)
     else:

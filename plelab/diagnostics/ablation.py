@@ -1,7 +1,9 @@
 """Ablation: evaluation loss with PLE injections switched off, per layer and all at once.
 
-delta = loss_ablated - loss_full, so positive means PLE helps. Three ways to switch a layer off, all
-through forward hooks (no model code touched):
+delta = loss_ablated - loss_full, so positive means the trained model depends on PLE (it loses loss without it).
+Dependence is not benefit: a model trained with a table adapts to it whether or not the table bought anything
+against a model trained without one (plelab.diagnostics.benefit measures that). Three ways to switch a layer
+off, all through forward hooks (no model code touched):
   zero     the injection y that `layers[i].ple` adds to the residual is replaced by zeros;
   shuffle  y is permuted across the batch's token positions: it keeps its distribution but loses what is
            specific to each token;
@@ -10,9 +12,9 @@ through forward hooks (no model code touched):
 Each catches a failure the others miss: a trunk adapted to a noise injection (PLE fed ids unrelated to
 the tokens) loses under 'zero'; an input-dependent gate times a learned mean row acts as an extra MLP on h
 and loses under 'shuffle'; only 'table' asks whether the table itself - most of PLE's parameters -
-carries anything. The primary delta is the smallest over the modes run: PLE counts as alive only if
+carries anything. The primary delta is the smallest over the modes run: PLE counts as used only if
 every way of removing it costs loss. The noise of each delta is the standard error of the paired
-per-batch deltas.
+per-batch deltas (n batches).
 """
 
 from __future__ import annotations
@@ -98,13 +100,14 @@ def pooled_loss(losses: list[tuple[float, int]]) -> float:
 
 
 def compare_losses(full: list[tuple[float, int]], ablated: list[tuple[float, int]]) -> dict[str, float]:
-    """Mean paired loss change (ablated - full) over the batches, its standard error and the losses."""
+    """Paired loss change (ablated - full) over the batches: the pooled delta, the s.e. of the per-batch
+    differences, their count n, and the ablated loss."""
     diffs = [a - f for (a, _), (f, _) in zip(ablated, full, strict=True)]
     n = len(diffs)
     mean = sum(diffs) / n
     se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
     loss = pooled_loss(ablated)
-    return {"loss": loss, "delta": loss - pooled_loss(full), "se": se}
+    return {"loss": loss, "delta": loss - pooled_loss(full), "se": se, "n": n}
 
 
 def _measure(model: nn.Module, batches: list, full: list, layers: list[int], modes: Iterable[str], seed: int) -> dict:
@@ -115,6 +118,7 @@ def _measure(model: nn.Module, batches: list, full: list, layers: list[int], mod
     primary = min(out, key=lambda m: out[m]["delta"])
     out["delta"] = out[primary]["delta"]
     out["se"] = out[primary]["se"]
+    out["n"] = out[primary]["n"]
     out["primary_mode"] = primary
     return out
 
@@ -125,8 +129,9 @@ def ablation_study(
 ) -> dict:
     """Loss with all PLE on, then with each layer's PLE (and all of it) switched off, on (x, y) batches.
 
-    Returns {'loss_full', 'n_batches', 'n_tokens', 'modes', 'layers': {i: per-mode {'loss', 'delta', 'se'} plus
-    the primary 'delta', 'se', 'primary_mode'}, 'all': the same for every layer off at once}; {} without PLE.
+    Returns {'loss_full', 'n_batches', 'n_tokens', 'modes', 'layers': {i: per-mode {'loss', 'delta', 'se', 'n'}
+    plus the primary 'delta', 'se', 'n', 'primary_mode'}, 'all': the same for every layer off at once}; {} without
+    PLE.
     """
     bare = unwrap(model)
     layers = ple_layers(bare) if layers is None else list(layers)

@@ -1,4 +1,7 @@
-"""One call that runs every diagnostic on a model and returns a JSON-ready report with verdicts."""
+"""One call that runs every diagnostic on a model and returns a JSON-ready report with its used verdict.
+
+The report answers whether the model *uses* its table (ablation: dependence). Whether the table *pays* (the
+model against its dP = 0 twin) needs a second model: plelab.diagnostics.diagnose_run adds it."""
 
 from __future__ import annotations
 
@@ -25,16 +28,17 @@ DEFINITIONS = {
     "the input-dependent gate, the learned value for scalar/vector gates); behind the output RMSNorm its absolute "
     "scale is normalised away, so the injection ratio, not |g|, says whether the signal reaches the residual",
     "gate_near_zero_frac": f"fraction of gate elements with |g| < {GATE_NEAR_ZERO}",
-    "ablation_delta_loss": "loss with the layer's PLE switched off - loss with it on (nats/token; positive = PLE "
-    "helps): the smallest of the 'zero' (y := 0), 'shuffle' (y permuted across token positions) and 'table' (the "
-    "layer's table rows permuted across positions) ablations",
+    "ablation_delta_loss": "loss with the layer's PLE switched off - loss with it on (nats/token; positive = the "
+    "trained model depends on it, which is not the same as PLE helping: see pays): the smallest of the 'zero' "
+    "(y := 0), 'shuffle' (y permuted across token positions) and 'table' (the layer's table rows permuted across "
+    "positions) ablations",
     "ablation_se": "standard error of the paired per-batch deltas of that ablation",
     "grad_ratio_gate / _proj / _table": "||grad|| of the layer's gate weights / its dP->H projection / its table "
     "slice, divided by ||grad|| of all non-PLE (trunk) parameters, from one backward pass",
 }
 
 THRESHOLDS = {
-    "ALIVE_DELTA": V.ALIVE_DELTA, "DEAD_DELTA": V.DEAD_DELTA, "NOISE_SIGMAS": V.NOISE_SIGMAS,
+    "USED_MARGIN": V.USED_MARGIN, "NOISE_SIGMAS": V.NOISE_SIGMAS, "PAYS_MARGIN": V.PAYS_MARGIN, "ALPHA": V.ALPHA,
     "DEAD_INJECTION_RATIO": V.DEAD_INJECTION_RATIO,
     "GATE_NEAR_ZERO": GATE_NEAR_ZERO,
 }
@@ -55,7 +59,7 @@ def _one_backward_grad_ratios(model: nn.Module, batch: tuple) -> dict | None:
 
 
 def layer_record(i: int, probe: dict, abl: dict | None, table: dict, grads: dict | None) -> dict:
-    """One layer's report row: probes, ablation, table health and its verdict."""
+    """One layer's report row: probes, ablation, table health and its used verdict."""
     views = {name: view["layers"][i] for name, view in table.get("views", {}).items() if view.get("available")}
     judged = V.layer_verdict(probe, abl, views)
     rec = {"layer": i, **judged, **probe}
@@ -82,7 +86,7 @@ def diagnose_model(
     with_grads: bool = False,
     probe_shape: tuple[int, int] = (4, 64),
 ) -> dict:
-    """Every PLE diagnostic plus verdicts, as a JSON-ready dict (see DEFINITIONS and verdict.RULES).
+    """Every PLE diagnostic plus the used verdicts, as a JSON-ready dict (see DEFINITIONS and verdict.RULES).
 
     batches: (x, y) evaluation batches; they drive the probe, the ablation and (with_grads) one backward pass.
     Without them, random token batches of `probe_shape` feed only the injection/gate probe and the verdict
@@ -98,7 +102,7 @@ def diagnose_model(
         "rules": V.RULES, "thresholds": THRESHOLDS, "definitions": DEFINITIONS, "notes": [],
     }
     if not layers:
-        report.update(verdict="n/a", overall=V.overall_verdict([], None), layers=[], table_health={})
+        report.update(used=V.overall_verdict([], None), layers=[], table_health={})
         report["notes"].append("the model has no PLE (dP = 0): nothing to diagnose")
         return jsonable(report)
     data = as_batches(batches, model_device(bare), cfg.vocab_size) if batches is not None else []
@@ -123,12 +127,12 @@ def diagnose_model(
     grads = _one_backward_grad_ratios(bare, labelled[0]) if with_grads and labelled else None
     table = table_health(bare, token_ids, init_table, top_k, freq_source, init_note)
     recs = [layer_record(i, probes[i], abl["layers"][i] if abl else None, table, grads) for i in layers]
-    overall = V.overall_verdict([r["verdict"] for r in recs], abl["all"] if abl else None)
+    used = V.overall_verdict([r["verdict"] for r in recs], abl["all"] if abl else None)
     if abl:
-        overall.update(loss_full=abl["loss_full"], ablation_delta_loss=abl["all"]["delta"],
-                       ablation_se=abl["all"]["se"], noise=V.noise_of(abl["all"]["se"]),
-                       **{f"ablation_delta_loss_{m}": abl["all"][m]["delta"] for m in abl["modes"]})
-    report.update(verdict=overall["verdict"], overall=overall, layers=recs)
+        used.update(loss_full=abl["loss_full"], ablation_delta_loss=abl["all"]["delta"],
+                    ablation_se=abl["all"]["se"], noise=V.noise_of(abl["all"]["se"]),
+                    **{f"ablation_delta_loss_{m}": abl["all"][m]["delta"] for m in abl["modes"]})
+    report.update(used=used, layers=recs)
     report["table_health"] = {
         "top_k": table["top_k"],
         "views": {k: {kk: vv for kk, vv in v.items() if kk != "layers"} for k, v in table["views"].items()},

@@ -2,7 +2,8 @@
 
 Every candidate is read from the monitor's logged trajectory (RUN_DIR/metrics.jsonl) at a fraction of training,
 so a rule can be applied to a run while it trains, with no extra model evaluation. A rule is
-`signal at fraction f of training > threshold  ->  alive`, else not alive (weak or dead); it is chosen on the
+`signal at fraction f of training > threshold  ->  used`, else not used (the final used verdict: does the trained
+model depend on its table? Dependence, not benefit); it is chosen on the
 runs of some widths (best accuracy, then the earliest fraction, then the widest margin) and its accuracy is
 measured on a width it never saw: that accuracy, not the fit's, is what `plelab diagnose --early` quotes.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from plelab.diagnostics.verdict import ALIVE_DELTA
+from plelab.diagnostics.verdict import USED_MARGIN
 from plelab.errors import PlelabError
 from plelab.runs.metrics import read_metrics
 from plelab.stats import accuracy_vs_base_rate, majority, spearman
@@ -60,7 +61,7 @@ SIGNALS: dict[str, tuple[str, Callable[[Sequence[dict[str, Any]]], float | None]
     "ablation_delta": ("loss with every PLE layer zeroed minus loss with PLE, on the monitor's probe batches",
                        lambda lines: _last(lines, "ple/ablation_delta")),
 }
-"""name -> (what it measures, how to read it from the logged lines up to a step). Larger = more alive."""
+"""name -> (what it measures, how to read it from the logged lines up to a step). Larger = more used."""
 
 
 def signals_at(metrics: Sequence[dict[str, Any]], total_steps: int, fraction: float) -> dict[str, Any]:
@@ -83,15 +84,20 @@ def run_signals(metrics: Sequence[dict[str, Any]], total_steps: int,
     return out
 
 
+USED_LABELS = ("used", "alive")
+"""Final verdicts that count as the positive class: "used" and, in runs recorded before the used / pays verdicts,
+"alive", the same ablation rule under its old name (delta > max(0.01, 2 s.e.))."""
+
+
 def apply_rule(rule: dict[str, Any], value: float | None) -> str | None:
-    """'alive' / 'not alive' by the rule, None when the signal is missing."""
+    """'used' / 'not used' by the rule, None when the signal is missing."""
     if value is None or not math.isfinite(value):
         return None
-    return "alive" if value > rule["threshold"] else "not alive"
+    return "used" if value > rule["threshold"] else "not used"
 
 
 def _label(verdict: str | None) -> str | None:
-    return None if verdict is None else "alive" if verdict == "alive" else "not alive"
+    return None if verdict is None else "used" if verdict in USED_LABELS else "not used"
 
 
 def _cut(lo: float, hi: float) -> float:
@@ -104,14 +110,14 @@ def _margin(lo: float, hi: float) -> float:
 
 
 def _best_threshold(pairs: list[tuple[float, str]]) -> tuple[int, float, float]:
-    """(correct, threshold, margin) of the best cut of (value, label) pairs by 'value > threshold -> alive'."""
+    """(correct, threshold, margin) of the best cut of (value, label) pairs by 'value > threshold -> used'."""
     values = sorted({v for v, _ in pairs})
-    cuts = [(values[0] - abs(values[0]) - 1.0, 0.0)]  # everything alive
+    cuts = [(values[0] - abs(values[0]) - 1.0, 0.0)]  # everything used
     cuts += [(_cut(a, b), _margin(a, b)) for a, b in zip(values, values[1:], strict=False)]
-    cuts.append((values[-1] + abs(values[-1]) + 1.0, 0.0))  # nothing alive
+    cuts.append((values[-1] + abs(values[-1]) + 1.0, 0.0))  # nothing used
     best = (-1, 0.0, 0.0)
     for threshold, margin in cuts:
-        correct = sum((v > threshold) == (label == "alive") for v, label in pairs)
+        correct = sum((v > threshold) == (label == "used") for v, label in pairs)
         if (correct, margin) > (best[0], best[2]):
             best = (correct, threshold, margin)
     return best
@@ -129,23 +135,23 @@ def _verdict_line_rule(runs: Sequence[dict[str, Any]], label: str,
     """When every run ends `label`: the final verdict's own line applied early, at the best (then earliest) fraction.
 
     A threshold fitted to one class would sit anywhere beyond the data, so none is fitted: the monitor's ablation
-    delta is held against ALIVE_DELTA, the line the final verdict uses, and only the fraction is chosen.
+    delta is held against USED_MARGIN, the line the final verdict uses, and only the fraction is chosen.
     """
     best: tuple | None = None
     for fi, f in enumerate(fractions):
         pairs = _pairs(runs, f, "ablation_delta")
         if pairs:
-            correct = sum((v > ALIVE_DELTA) == (lab == "alive") for v, lab in pairs)
+            correct = sum((v > USED_MARGIN) == (lab == "used") for v, lab in pairs)
             if best is None or (correct / len(pairs), -fi) > best[0]:
                 best = ((correct / len(pairs), -fi), f, correct, len(pairs))
     if best is None:
         return None
     _, f, correct, n = best
-    other = "not alive" if label == "alive" else "alive"
-    return {"signal": "ablation_delta", "fraction": f, "threshold": ALIVE_DELTA, "fit_correct": correct, "fit_n": n,
+    other = "not used" if label == "used" else "used"
+    return {"signal": "ablation_delta", "fraction": f, "threshold": USED_MARGIN, "fit_correct": correct, "fit_n": n,
             "fit_accuracy": correct / n, "description": SIGNALS["ablation_delta"][0], "one_class": label,
-            "note": f"every fit run ended {label}: the threshold is the final verdict's own alive line "
-                    f"({ALIVE_DELTA:g} nats), not fitted; only the fraction was chosen, and how the rule does on runs "
+            "note": f"every fit run ended {label}: the threshold is the final verdict's own used line "
+                    f"({USED_MARGIN:g} nats), not fitted; only the fraction was chosen, and how the rule does on runs "
                     f"that end {other} is untested"}
 
 
@@ -153,7 +159,7 @@ def choose_rule(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRA
     """The best single-threshold rule on these runs; runs: {'signals': run_signals(...), 'verdict': final verdict}.
 
     Best = most runs right, then the earliest fraction, then the widest margin (log ratio of the two values the
-    threshold separates), then SIGNALS order. When the runs' verdicts are all alive or all not alive, any
+    threshold separates), then SIGNALS order. When the runs' verdicts are all used or all not used, any
     threshold beyond the data would 'fit', so `_verdict_line_rule` is used instead (marked `one_class`). None
     when no run has both a verdict and a signal.
     """
@@ -181,7 +187,7 @@ def choose_rule(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRA
 
 
 def evaluate_rule(rule: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """How often the rule gets the final verdict (alive vs not) right on these runs; missing signals count apart.
+    """How often the rule gets the final verdict (used vs not) right on these runs; missing signals count apart.
 
     `base_rate` puts the accuracy beside the base-rate rule's on the same runs: always predicting the class the
     fit runs mostly ended as (rule['one_class'] / rule['majority']). A rule that does not beat it predicts nothing.
@@ -202,14 +208,14 @@ def evaluate_rule(rule: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[
         key = f"predicted {guess}, final {truth}"
         confusion[key] = confusion.get(key, 0) + 1
     correct, n = sum(g == t for g, t in zip(guesses, truths, strict=True)), len(truths)
-    base = rule.get("one_class") or rule.get("majority")
+    base = _label(rule.get("one_class") or rule.get("majority"))
     return {"correct": correct, "n": n, "accuracy": correct / n if n else None, "missing": missing,
             "confusion": confusion, "base_rate": accuracy_vs_base_rate(guesses, truths, base) if n else None}
 
 
 def describe_rule(rule: dict[str, Any]) -> str:
     """The rule in one line."""
-    text = (f"alive if {rule['signal']} at {rule['fraction']:.0%} of training > {rule['threshold']:.4g} "
+    text = (f"used if {rule['signal']} at {rule['fraction']:.0%} of training > {rule['threshold']:.4g} "
             f"({rule.get('description') or SIGNALS[rule['signal']][0]})")
     return f"{text} [{rule['note']}]" if rule.get("note") else text
 
@@ -276,7 +282,7 @@ def tracks_gain(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRA
     """How well each candidate, read early, ranks the runs' final gain: {signal: {fraction: {"rho", "n"}}}.
 
     runs: {'signals': run_signals(...), 'gain': final loss gain of the run over its own dP = 0 run (positive =
-    better)}. A verdict can only say alive or not; when every run ends alive this is what is left to predict.
+    better)}. A verdict can only say used or not; when every run ends used this is what is left to predict.
     With 'ple_dim' and 'H' on the runs, TRIVIAL_RANKER (dP/H, known before training) gets a row too: a signal is
     only worth reading early if it ranks the gain better than the design does.
     """

@@ -1,35 +1,72 @@
-"""Verdicts: is each PLE layer (and PLE as a whole) alive, weak or dead, and by which rule.
+"""Two questions about a PLE table, two verdicts: is it *used*, and does it *pay*?
 
-Ablation is the primary evidence when evaluation batches exist: it measures what the loss loses without
-PLE. Without them, the verdict falls back on proxies (injection ratio, gate, table health) and says so.
-Supporting evidence that disagrees with the primary verdict is listed, never silently overruled.
+- **used** (dependence): does the trained model rely on its table? Measured by ablation: the loss with the
+  table switched off minus the loss with it on, paired over evaluation batches. A model trained with a table
+  adapts to it, so switching it off costs loss even when the table bought nothing against a model trained
+  without one: dependence is not benefit.
+- **pays** (benefit): is the model better than its dP = 0 twin, trained on the same tokens with the same seed
+  and steps? Measured as the paired loss difference on the same evaluation batches (plelab.diagnostics.benefit).
+  Only this answers the question the dead-zone study asks ("does the table buy anything?").
+
+Both are decided by the same four-way test the studies use (plelab.stats.compare): a difference is resolved when
+a two-sided t test over the paired batches rejects 0; "no difference" only when an equivalence test (TOST) puts
+the whole interval inside a margin stated here beforehand; anything else is "not resolved". The unit is the
+evaluation batch of one trained model (or one pair): the interval is evaluation noise, not seed-to-seed spread,
+which only a study over seeds measures.
+
+Without evaluation data the used verdict falls back on proxies (injection ratio, table health), is labelled
+provisional, and the pays verdict is not measured.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-ALIVE_DELTA = 0.01
-"""Nats: an ablation that costs more than this (and more than the noise) means PLE is alive."""
-DEAD_DELTA = 0.002
-"""Nats: an ablation that costs at most this (or at most the noise) means dead; visual PLE's 0.001-0.002 was."""
+from plelab import stats
+
+USED_MARGIN = 0.01
+"""Nats: an ablation larger than this (and than NOISE_SIGMAS standard errors) is "used"; one whose whole interval
+lies inside +-this (TOST) is "unused"."""
 NOISE_SIGMAS = 2.0
-"""The noise of a delta is this many standard errors of its paired per-batch differences."""
+"""A delta counts as used only beyond this many standard errors of its paired per-batch differences."""
+PAYS_MARGIN = 0.01
+"""Nats: a paired difference to the dP = 0 twin whose interval lies inside +-this, none resolved, is "equivalent"."""
+ALPHA = stats.ALPHA
+"""Test level: two-sided for differences, per side for equivalence."""
 DEAD_INJECTION_RATIO = 0.01
-"""Proxy rule: an injection below 1 % of the hidden state's RMS is drowned by the trunk (SPEC §3's loop)."""
+"""Proxy rule: an injection below 1 % of the hidden state's RMS is drowned by the trunk."""
 
-VERDICTS = ("alive", "weak", "dead")
+USED = ("used", "unused", "not resolved", "harmful")
+"""The used verdicts. used: switching the table off raises the loss by more than max(USED_MARGIN, NOISE_SIGMAS
+s.e.) (the ablation rule the studies have always used for a table in use). unused: the ablation's 90 % interval
+lies inside +-USED_MARGIN (TOST): whatever the model depends on is smaller than the margin. harmful: switching the
+table off lowers the loss by more than that. not resolved: anything else (also one batch, no interval)."""
+PAYS = ("better", "better, within margin", "equivalent", "worse", "worse, within margin", "not resolved",
+        "not measured")
+"""The pays verdicts, the studies' outcome labels (plelab.stats.OUTCOMES) for loss(model) - loss(twin): better =
+the model's loss is lower than its twin's (resolved); "better, within margin" = resolved and smaller than
+PAYS_MARGIN; equivalent = the interval lies inside +-PAYS_MARGIN with no difference resolved; not measured = no
+twin."""
 
 RULES = [
-    "ablation (primary): delta = loss with the layer's PLE off - loss with it on, the smallest over the zero, "
-    "shuffle and table ablations (alive only if every way of removing PLE costs loss); "
-    f"noise = {NOISE_SIGMAS:g} x standard error of the paired per-batch deltas. "
-    f"alive if delta > max({ALIVE_DELTA}, noise); dead if delta <= max({DEAD_DELTA}, noise); weak in between.",
-    "overall (ablation): the same rule applied to switching off every PLE layer at once.",
-    f"proxies (only without evaluation data): dead if injection ratio < {DEAD_INJECTION_RATIO}; weak if the "
-    "table slice is random-like in every available view; otherwise alive (provisional). overall: alive if any "
-    "layer is alive, dead if all are dead, weak otherwise. The gate is reported, not judged: a closed gate shows "
-    "as a small injection ratio, and behind the output RMSNorm the gate's absolute scale is normalised away.",
+    f"used (dependence), primary: delta = loss with PLE switched off - loss with it on, paired over the evaluation "
+    f"batches, the smallest over the zero, shuffle and table ablations (used only if every way of removing PLE "
+    f"costs loss). used if delta > max({USED_MARGIN}, {NOISE_SIGMAS:g} x its standard error over the batches); "
+    f"unused if its 90 % t interval lies inside +-{USED_MARGIN} nats (TOST at {ALPHA} per side); harmful if "
+    f"delta < -max({USED_MARGIN}, {NOISE_SIGMAS:g} s.e.); not resolved otherwise. Per-layer verdicts are each "
+    "their own test (no correction across layers).",
+    "used (dependence) is not benefit: a model trained with a table depends on it whether or not it beats a model "
+    "trained without one. Benefit is the pays verdict.",
+    f"pays (benefit): delta = loss of this model - loss of its dP = 0 twin (same data, seed and steps) on the same "
+    f"evaluation batches; better / worse when a two-sided t test over the batches resolves it (alpha {ALPHA}), "
+    f"'within margin' when it is also inside +-{PAYS_MARGIN}; equivalent when the 90 % interval lies inside "
+    f"+-{PAYS_MARGIN} and nothing is resolved; not resolved otherwise; not measured without a twin. One pair of "
+    "runs: the interval is evaluation noise, not seed-to-seed spread (a study pairs over seeds).",
+    f"proxies (only when no evaluation data can be found; provisional): unused if the injection ratio < "
+    f"{DEAD_INJECTION_RATIO}; not resolved if the table slice is random-like in every available view; otherwise "
+    "used. Overall: used if any layer is, unused if all are, not resolved otherwise. The gate is reported, not "
+    "judged: behind the output RMSNorm its absolute scale is normalised away.",
     "supporting evidence (injection ratio, gate, table health) that points the other way is listed under "
     "'conflicts' but does not change an ablation verdict.",
 ]
@@ -39,20 +76,33 @@ def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
+def _interval(test: dict[str, Any]) -> str:
+    ci = test.get("ci95")
+    return "" if not ci else f" [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
 def noise_of(se: float | None) -> float:
     """The noise band of a delta from its standard error (0 when there is no estimate, e.g. one batch)."""
     return NOISE_SIGMAS * se if _finite(se) else 0.0
 
 
-def ablation_verdict(delta: float, se: float | None) -> tuple[str, str]:
-    """(verdict, reason) from an ablation delta and its standard error."""
-    noise = noise_of(se)
-    alive_at, dead_at = max(ALIVE_DELTA, noise), max(DEAD_DELTA, noise)
-    if delta > alive_at:
-        return "alive", f"ablation delta {delta:+.4f} > {alive_at:.4f}"
-    if delta <= dead_at:
-        return "dead", f"ablation delta {delta:+.4f} <= {dead_at:.4f}"
-    return "weak", f"ablation delta {delta:+.4f} in ({dead_at:.4f}, {alive_at:.4f}]"
+def used_verdict(delta: float, se: float | None, n: int, margin: float = USED_MARGIN,
+                 alpha: float = ALPHA) -> dict[str, Any]:
+    """{'verdict', 'reason', 'test'} of an ablation: delta = loss without PLE - loss with it, over n paired batches."""
+    test = stats.compare(delta, se if _finite(se) else math.nan, n, margin, alpha)
+    band = max(margin, noise_of(se))
+    what = f"switching it off changes the loss by {delta:+.4f}{_interval(test)} nats over {n} batch(es)"
+    if delta > band:
+        verdict, why = "used", f"more than max({margin:g}, {NOISE_SIGMAS:g} s.e.) = {band:.4f}"
+    elif delta < -band:
+        verdict, why = "harmful", f"a fall of more than {band:.4f}: the model does better without it"
+    elif test["tost"] and test["tost"]["equivalent"]:
+        verdict, why = "unused", f"the 90 % interval lies inside +-{margin:g} (TOST p {test['tost']['p']:.2g})"
+    else:
+        verdict = "not resolved"
+        why = "one batch: no interval" if test["outcome"] == "n/a" else (
+            f"neither beyond {band:.4f} nor inside +-{margin:g} by the equivalence test")
+    return {"verdict": verdict, "reason": f"{what}: {why}", "test": test}
 
 
 def _table_random_like(table_views: dict | None) -> bool | None:
@@ -62,37 +112,58 @@ def _table_random_like(table_views: dict | None) -> bool | None:
 
 
 def proxy_verdict(probe: dict, table_views: dict | None) -> tuple[str, str]:
-    """(verdict, reason) from injection/gate statistics and table health alone."""
+    """(used verdict, reason) from injection/gate statistics and table health alone (provisional)."""
     ratio = probe.get("injection_ratio")
     if _finite(ratio) and ratio < DEAD_INJECTION_RATIO:
-        return "dead", f"injection ratio {ratio:.4f} < {DEAD_INJECTION_RATIO}"
+        return "unused", f"injection ratio {ratio:.4f} < {DEAD_INJECTION_RATIO}"
     if _table_random_like(table_views):
-        return "weak", "table slice random-like in every available view"
-    return "alive", f"injection ratio {ratio:.3f} and a structured table (provisional: no ablation)"
+        return "not resolved", "table slice random-like in every available view"
+    return "used", f"injection ratio {ratio:.3f} and a structured table"
 
 
 def layer_verdict(probe: dict, ablation: dict | None, table_views: dict | None) -> dict:
-    """Verdict of one PLE layer: {'verdict', 'basis', 'reason', 'proxy_verdict', 'conflicts'}."""
+    """One PLE layer's used verdict: {'verdict', 'basis', 'reason', 'provisional', 'proxy_verdict', 'conflicts'}."""
     proxy, proxy_reason = proxy_verdict(probe, table_views)
     if ablation is None:
-        return {"verdict": proxy, "basis": "proxies", "reason": proxy_reason, "proxy_verdict": proxy, "conflicts": []}
-    verdict, reason = ablation_verdict(ablation["delta"], ablation.get("se"))
-    conflicts = [] if proxy == verdict else [f"proxies say {proxy}: {proxy_reason}"]
-    return {"verdict": verdict, "basis": "ablation", "reason": reason, "proxy_verdict": proxy, "conflicts": conflicts}
+        return {"verdict": proxy, "basis": "proxies", "reason": f"{proxy_reason} (provisional: no ablation)",
+                "provisional": True, "proxy_verdict": proxy, "conflicts": []}
+    judged = used_verdict(ablation["delta"], ablation.get("se"), ablation.get("n", 0))
+    conflicts = [] if proxy == judged["verdict"] else [f"proxies say {proxy}: {proxy_reason}"]
+    return {"verdict": judged["verdict"], "basis": "ablation", "reason": judged["reason"], "provisional": False,
+            "proxy_verdict": proxy, "conflicts": conflicts}
 
 
 def overall_verdict(layer_verdicts: list[str], all_ablation: dict | None) -> dict:
-    """Verdict of PLE as a whole: from the all-layers ablation, else aggregated proxy verdicts."""
+    """PLE as a whole: the all-layers ablation's used verdict, else the layers' proxy verdicts (provisional)."""
     if all_ablation is not None:
-        verdict, reason = ablation_verdict(all_ablation["delta"], all_ablation.get("se"))
-        return {"verdict": verdict, "basis": "ablation", "reason": f"all PLE layers off: {reason}"}
+        judged = used_verdict(all_ablation["delta"], all_ablation.get("se"), all_ablation.get("n", 0))
+        return {"verdict": judged["verdict"], "basis": "ablation", "reason": f"all PLE layers off: {judged['reason']}",
+                "provisional": False, "test": judged["test"]}
     if not layer_verdicts:
-        return {"verdict": "n/a", "basis": "none", "reason": "the model has no PLE layers"}
-    if "alive" in layer_verdicts:
-        verdict = "alive"
-    elif all(v == "dead" for v in layer_verdicts):
-        verdict = "dead"
+        return {"verdict": "n/a", "basis": "none", "reason": "the model has no PLE layers", "provisional": False}
+    if "used" in layer_verdicts:
+        verdict = "used"
+    elif all(v == "unused" for v in layer_verdicts):
+        verdict = "unused"
     else:
-        verdict = "weak"
-    counts = ", ".join(f"{layer_verdicts.count(v)} {v}" for v in VERDICTS if v in layer_verdicts)
-    return {"verdict": verdict, "basis": "proxies", "reason": f"per-layer proxy verdicts: {counts}"}
+        verdict = "not resolved"
+    counts = ", ".join(f"{layer_verdicts.count(v)} {v}" for v in USED if v in layer_verdicts)
+    return {"verdict": verdict, "basis": "proxies", "reason": f"per-layer proxy verdicts: {counts} (provisional: "
+            "no evaluation data, so no ablation)", "provisional": True}
+
+
+def pays_verdict(delta: float, se: float | None, n: int, margin: float = PAYS_MARGIN,
+                 alpha: float = ALPHA) -> dict[str, Any]:
+    """{'verdict', 'reason', 'test'} of delta = loss(model) - loss(dP = 0 twin) over n paired evaluation batches."""
+    test = stats.compare(delta, se if _finite(se) else math.nan, n, margin, alpha)
+    verdict = "not resolved" if test["outcome"] == "n/a" else test["outcome"]
+    reason = (f"loss - twin's loss = {delta:+.4f}{_interval(test)} nats over {n} paired batch(es), margin "
+              f"+-{margin:g}" + ("; one batch: no interval" if test["outcome"] == "n/a" else ""))
+    return {"verdict": verdict, "reason": reason, "test": test}
+
+
+def pays_not_measured(why: str) -> dict[str, Any]:
+    """The pays verdict when no twin could be evaluated, with why and what dependence does not say."""
+    return {"verdict": "not measured", "reason": f"benefit was not measured: {why}. The used verdict says whether "
+            "the trained model depends on its table, not whether the table bought anything: only a dP = 0 twin "
+            "trained on the same tokens says that (plelab diagnose RUN --twin TWIN_RUN)", "test": None}

@@ -1,4 +1,5 @@
-"""The main job: train a small PLE model and its dP = 0 twin on the same tokens, compare them per domain.
+"""The main job: train a small PLE model and its dP = 0 twin on the same tokens, compare them per domain, and end
+with the pays verdict (plelab.diagnostics: the paired loss difference on the same evaluation batches).
 
 Default corpus: the running Python's own standard library sources (every fresh machine has them):
 modules and their tests are split by a stable hash of the file path into training files and held-out
@@ -20,6 +21,7 @@ import torch
 
 from plelab.data.prepare import prepare_dataset, resolve_tokenizer
 from plelab.data.sources import SourceOptions
+from plelab.diagnostics.diagnose_run import pays_between, pays_line
 from plelab.errors import PlelabError
 from plelab.model.params import count_params
 from plelab.training.config import TrainConfig, load_train_config
@@ -138,7 +140,10 @@ def run_demo(
         final = Trainer(cfg, run_dir, resume=resume).run()
         results[name] = {"final": final["final_eval"], "params": count_params(cfg.model),
                          "tokens": final.get("tokens"), "train_loss": final.get("loss")}
+    pays = pays_between(out / "ple", out / "base", str(corpus.valid_dir))
     summary = compare(results, ple_dim, steps, time.perf_counter() - t0)
+    summary["pays"] = {k: pays[k] for k in ("verdict", "reason", "delta", "se", "n_batches", "twin", "data")}
+    summary["pays"].update(ci95=pays["test"]["ci95"], run=str(out / "ple"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -198,4 +203,8 @@ def format_comparison(summary: dict[str, Any]) -> str:
         lines.append(f"{name:<22} {r['ple_loss']:>9.4f} {r['base_loss']:>10.4f} {r['delta_loss']:>+8.4f} "
                      f"{r['ple_bpb']:>8.4f} {r['base_bpb']:>9.4f}")
     lines.append(f"total time {summary['seconds'] / 60:.1f} min; negative delta = PLE better")
+    if summary.get("pays"):
+        lines += ["", pays_line({**summary["pays"], "test": True}),
+                  f"  `plelab diagnose {summary['pays']['run']}` adds whether the model uses its table (ablation): "
+                  "dependence, which is not benefit"]
     return "\n".join(lines)

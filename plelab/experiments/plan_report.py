@@ -96,15 +96,17 @@ def power_blocks(power: dict[str, Any]) -> list[Block]:
                      fmt(p.get("effect"), ".4f"), fmt(p.get("power_at_n"), ".2f"), for_effect,
                      strict_seeds(r), fmt(p.get("margin"), ".4f"), for_margin])
     level = power.get("strict_level")
-    return [("h", 2, "Power before compute"),
-            ("p", f"From the pilot's seed spread (sd of the per-seed paired deltas): the smallest |Δ| the study's "
-                  f"{power['seeds']} seeds detect with probability {power['target']:g} (two-sided t test at "
-                  f"{power['alpha']:g}, exact noncentral t), the power at the effect of interest, and the seeds it "
-                  "needs (also at Holm's strictest step, "
+    return [("h", 2, "Power at this study's size (post hoc)"),
+            ("p", f"Post hoc, from this study's own seed spread (sd of its per-seed paired deltas), not from a "
+                  f"pilot: the smallest |Δ| the study's {power['seeds']} seeds detect with probability "
+                  f"{power['target']:g} (two-sided t test at {power['alpha']:g}, exact noncentral t), the power at "
+                  "the effect of interest, and the seeds it needs (also at Holm's strictest step, "
                   + ("-" if level is None else f"{level:.3g}") + ", which a family's smallest p must pass; a gate "
                   "is tested alone); and the seeds TOST needs to show equivalence inside the margin when the true "
-                  "Δ is 0. The pilot's sd is itself an estimate from few seeds: a plan, not a promise."),
-            ("table", ["comparison", "metric", "pilot seeds", "pilot sd", "seeds planned", "detectable |Δ|",
+                  "Δ is 0. A study's size is set before its runs (`plelab sweep --power --pilot`, and the plan's "
+                  "own size paragraph); this table only says what the finished study could resolve. The sd is "
+                  "itself an estimate from few seeds."),
+            ("table", ["comparison", "metric", "seeds", "sd (this study)", "sized at", "detectable |Δ|",
                        "effect of interest", "power", "seeds for the effect", "… at Holm's strictest step",
                        "margin", "seeds for equivalence"], rows)]
 

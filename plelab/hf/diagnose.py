@@ -116,7 +116,7 @@ def hf_probe_layers(model: HFTextModel, batches: list, layers: list[int]) -> dic
 def _summary(full: list, ablated: dict[str, list], idx: list[int]) -> dict:
     out = {m: compare_losses([full[i] for i in idx], [a[i] for i in idx]) for m, a in ablated.items()}
     primary = min(out, key=lambda m: out[m]["delta"])
-    out.update(delta=out[primary]["delta"], se=out[primary]["se"], primary_mode=primary)
+    out.update(delta=out[primary]["delta"], se=out[primary]["se"], n=out[primary]["n"], primary_mode=primary)
     return out
 
 
@@ -142,9 +142,10 @@ def hf_ablation(model: HFTextModel, batches: list, domains: list[str], layers: l
     for name in dict.fromkeys(domains):
         idx = [k for k, d in enumerate(domains) if d == name]
         s = _summary(full, all_off, idx)
-        verdict, reason = V.ablation_verdict(s["delta"], s["se"])
+        judged = V.used_verdict(s["delta"], s["se"], len(idx))
         result["domains"][name] = {"batches": len(idx), "loss_full": pooled_loss([full[k] for k in idx]),
-                                   **s, "noise": V.noise_of(s["se"]), "verdict": verdict, "reason": reason}
+                                   **s, "noise": V.noise_of(s["se"]), "verdict": judged["verdict"],
+                                   "reason": judged["reason"]}
     return result
 
 
@@ -174,7 +175,8 @@ def diagnose_hf(model: HFTextModel, batches: list | None = None, domains: list[s
                 token_ids: np.ndarray | None = None, freq_source: str = "the evaluation batches",
                 layers: list[int] | None = None, top_k: int = DEFAULT_TOP_K, probe_shape: tuple[int, int] = (2, 32),
                 ) -> dict:
-    """Every PLE diagnostic plus verdicts for an HF Gemma model, in diagnose_model's JSON-ready format.
+    """Every PLE diagnostic plus the used verdicts for an HF Gemma model, in diagnose_model's JSON-ready format
+    (pays: not measured, since a released checkpoint has no dP = 0 twin trained on the same tokens).
 
     batches: (x, y) evaluation batches, `domains` the domain name of each (per-domain deltas);
     layers: which decoder layers to diagnose (default all); without batches only proxies, on random tokens.
@@ -213,15 +215,17 @@ def diagnose_hf(model: HFTextModel, batches: list | None = None, domains: list[s
         report["notes"].append("one evaluation batch: no noise estimate, so the noise band is taken as 0")
     table = hf_table_health(model, layers, token_ids, top_k, freq_source)
     recs = [layer_record(i, probes[i], abl["layers"][i] if abl else None, table, None) for i in layers]
-    overall = V.overall_verdict([r["verdict"] for r in recs], abl["all"] if abl else None)
+    used = V.overall_verdict([r["verdict"] for r in recs], abl["all"] if abl else None)
     if abl:
-        overall.update(loss_full=abl["loss_full"], ablation_delta_loss=abl["all"]["delta"],
+        used.update(loss_full=abl["loss_full"], ablation_delta_loss=abl["all"]["delta"],
                        ablation_se=abl["all"]["se"], noise=V.noise_of(abl["all"]["se"]),
                        **{f"ablation_delta_loss_{m}": abl["all"][m]["delta"] for m in abl["modes"]})
         report["domains"] = abl["domains"]
     if len(layers) < ckpt.num_layers:
-        overall["reason"] += f" (layers {layers} only)"
-    report.update(verdict=overall["verdict"], overall=overall, layers=recs)
+        used["reason"] += f" (layers {layers} only)"
+    pays = V.pays_not_measured("a released checkpoint has no dP = 0 twin trained on the same tokens (--base "
+                               "compares PLE use before and after a fine-tune, which is dependence too)")
+    report.update(used=used, pays=pays, layers=recs)
     report["table_health"] = {
         "top_k": table["top_k"],
         "views": {k: {kk: vv for kk, vv in v.items() if kk != "layers"} for k, v in table["views"].items()},

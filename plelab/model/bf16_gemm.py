@@ -15,7 +15,7 @@ the order of the fp32 sums. That makes one numeric definition possible on every 
 
 The two differ by summation order only (and by AMX flushing bf16 denormals, below 1e-38, to zero).
 `bf16_gemms(native)` switches the mode on for the code it encloses; `active()` tells a kernel which
-mode, if any, is on. Used by the fused head + cross-entropy (plelab.model.kernels) under the training
+mode, if any, is on. Used by the fused head + cross-entropy (plelab.model.fused_ops) under the training
 precision `bf16-head`.
 """
 

@@ -232,7 +232,7 @@ class ModelConfig:
     gemma4: Gemma4Config = field(default_factory=Gemma4Config)
     """Settings of the Gemma 4 block (ignored unless arch = "gemma4")."""
     kernels: KernelsSetting = "auto"
-    """Compute paths (plelab/model/kernels.py): "off" = the reference formulas, "on" = the hand-written
+    """Compute paths (the fused ops, plelab/model/fused_ops.py): "off" = the reference formulas, "on" = the hand-written
     RMSNorm/RoPE backward and the fused chunked head + cross-entropy (same math, to rounding), "auto" = on
     when the model is built for the CPU, the only device where they were measured faster."""
 

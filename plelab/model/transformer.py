@@ -19,7 +19,7 @@ That is `arch = "llama"`; `arch = "gemma4"` swaps the layers for transformers' G
 embedding and may soft-cap the logits.
 
 `ModelConfig.kernels` swaps three of the functions (RMSNorm, RoPE, head + cross-entropy) for CPU
-kernels computing the same math (plelab/model/kernels.py); the choice is made once, at construction.
+fused ops computing the same math (plelab/model/fused_ops.py); the choice is made once, at construction.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plelab.errors import PlelabError, token_id_message
-from plelab.model import bf16_gemm, kernels
+from plelab.model import bf16_gemm, fused_ops
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import build_ffn
 from plelab.model.gemma4 import Gemma4DecoderLayer, gemma4_layers
@@ -86,9 +86,9 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> 
 
 
 def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
-    """`cross_entropy` of the logits h @ weight.T (what kernels.linear_cross_entropy fuses)."""
+    """`cross_entropy` of the logits h @ weight.T (what fused_ops.linear_cross_entropy fuses)."""
     if bf16_gemm.active() is not None:  # bf16 head GEMMs exist only as the fused kernel
-        return kernels.linear_cross_entropy(h, weight, targets, ignore_index)
+        return fused_ops.linear_cross_entropy(h, weight, targets, ignore_index)
     return cross_entropy(F.linear(h, weight), targets, ignore_index)
 
 
@@ -102,7 +102,7 @@ class Ops:
 
 
 REFERENCE_OPS = Ops(rms_norm, apply_rope, linear_cross_entropy)
-KERNEL_OPS = Ops(kernels.rms_norm, kernels.rope, kernels.linear_cross_entropy)
+FUSED_OPS = Ops(fused_ops.rms_norm, fused_ops.rope, fused_ops.linear_cross_entropy)
 
 
 @dataclass
@@ -224,7 +224,7 @@ class LanguageModel(nn.Module):
         self.config = cfg
         target = torch.device(device) if device is not None else torch.get_default_device()
         skeleton = "meta" in (target.type, torch.get_default_device().type)
-        self.ops = KERNEL_OPS if kernels.kernels_enabled(cfg.kernels, target) else REFERENCE_OPS
+        self.ops = FUSED_OPS if fused_ops.fused_ops_enabled(cfg.kernels, target) else REFERENCE_OPS
         # Built on meta and initialised once below: the submodules' own initialisation at construction
         # would draw from the global RNG in an order that depends on dP (and be thrown away anyway).
         with torch.device("meta"):
@@ -353,7 +353,7 @@ class LanguageModel(nn.Module):
         return_logits: bool = True,
     ) -> tuple[Tensor | None, Tensor | None]:
         """(logits, loss); targets = -100 are ignored. With targets and return_logits=False the logits
-        are not returned, which lets the kernels fuse the head into the loss (the training path)."""
+        are not returned, which lets the fused ops fuse the head into the loss (the training path)."""
         h = self.hidden_states(input_ids, cache)
         if targets is None:
             return self.logits(h[:, -1:] if cache is not None else h), None

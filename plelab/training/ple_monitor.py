@@ -1,4 +1,4 @@
-"""`PLEMonitor`: the trainer callback that watches PLE while it trains and warns early if it is dead.
+"""`PLEMonitor`: the trainer callback that watches PLE while it trains and warns early if the model is not using it.
 
 Every `every` steps it adds per-layer injection ratio, gate statistics and gradient-norm ratios to the
 step's metrics (so they land in RUN_DIR/metrics.jsonl), with the table's movement from its initialisation and
@@ -43,12 +43,14 @@ MOVEMENT_CHUNK_ROWS = 65536
 
 
 def summarize(report: dict, step: int) -> dict:
-    """The verdicts of a diagnosis: overall, per layer, and what the proxies alone would have said."""
+    """The used verdicts of a diagnosis (dependence, not benefit: training has no twin to pay against): overall
+    (`verdict`), per layer, and what the proxies alone would have said."""
     layers = report.get("layers", [])
     proxies = V.overall_verdict([r["proxy_verdict"] for r in layers], None)["verdict"] if layers else "n/a"
+    used = report["used"]
     return {
-        "step": step, "verdict": report["verdict"], "basis": report["overall"]["basis"], "proxy_verdict": proxies,
-        "ablation_delta_loss": report["overall"].get("ablation_delta_loss"),
+        "step": step, "verdict": used["verdict"], "basis": used["basis"],
+        "proxy_verdict": proxies, "ablation_delta_loss": used.get("ablation_delta_loss"),
         "layers": {str(r["layer"]): r["verdict"] for r in layers},
         "layer_proxy_verdicts": {str(r["layer"]): r["proxy_verdict"] for r in layers},
     }

@@ -28,9 +28,10 @@ Rules (also in RULES):
                     full, s.e. of the paired per-batch deltas; the primary delta is the smaller of the two;
   verdict           random-like if the table is random-like (whatever the ablation says: SPEC §4's failure is a
                     table the loss never shaped; random rows are still distinct, so a trunk can read them, and an
-                    ablation cost then says the *ids* are used, not that the table learned); otherwise alive if
-                    the ablation delta > max(0.01, 2 s.e.) and dead if not (plelab.diagnostics.verdict's
-                    thresholds).
+                    ablation cost then says the *ids* are used, not that the table learned); otherwise the
+                    ablation's used verdict (plelab.diagnostics.verdict.used_verdict: used / unused / not
+                    resolved / harmful). Dependence, not benefit: what the table buys is the study's paired
+                    comparison against the same model without it.
 Injection ratio: RMS of the visual PLE contribution / RMS of the hidden state it is added to, per PLE layer,
 at patch positions only (caption positions get no visual PLE, and counting them would dilute the ratio).
 """
@@ -49,7 +50,7 @@ import torch
 from plelab.diagnostics.ablation import compare_losses, pooled_loss
 from plelab.diagnostics.table_health import BASELINE_SEED, compare_to_random
 from plelab.diagnostics.table_health import DEFINITIONS as TABLE_DEFINITIONS
-from plelab.diagnostics.verdict import ALIVE_DELTA, ablation_verdict, noise_of
+from plelab.diagnostics.verdict import used_verdict
 from plelab.errors import PlelabError
 from plelab.vision.model import VisionBatch, VisionPLEModel
 
@@ -57,7 +58,7 @@ ABS_COSINE_FACTOR = 1.5
 """A view is random-like only if its mean |cos| is at most this multiple of the random baseline's."""
 ABLATION_MODES = ("zero", "shuffle_ids")
 """How the visual PLE is switched off (see the module docstring); the primary delta is the smaller."""
-VERDICTS = ("alive", "dead", "random-like")
+VERDICTS = ("random-like", "used", "unused", "not resolved", "harmful")
 
 RULES = {
     "random_like_view": "effective rank >= 0.95 x the random baseline's, PC1 variance <= 3 x the baseline's and "
@@ -69,8 +70,9 @@ RULES = {
     "ablation": "caption loss with the visual PLE input zeroed and with the patch ids shuffled across the batch, "
                 "minus the full model's, on held-out batches; primary delta = the smaller; s.e. of the paired "
                 "per-batch deltas",
-    "verdict": "random-like if the table is random-like (whatever the ablation says); otherwise alive if the "
-               f"ablation delta > max({ALIVE_DELTA}, 2 s.e.), else dead",
+    "verdict": "random-like if the table is random-like (whatever the ablation says); otherwise the ablation's "
+               "used verdict (plelab.diagnostics.verdict.RULES: used / unused / not resolved / harmful): "
+               "dependence, not benefit",
     "injection_ratio": "RMS(visual PLE contribution) / RMS(hidden state) per PLE layer, at patch positions only",
 }
 DEFINITIONS = {
@@ -207,7 +209,8 @@ def ablation(model: VisionPLEModel, batches: Batches, modes: Iterable[str] = ABL
         with visual_ple_ablated(model, mode, seed):
             out[mode] = compare_losses(full, batch_caption_losses(model, batches))
     primary = min(modes, key=lambda m: out[m]["delta"])
-    return {**out, "delta": out[primary]["delta"], "se": out[primary]["se"], "primary_mode": primary}
+    return {**out, "delta": out[primary]["delta"], "se": out[primary]["se"], "n": out[primary]["n"],
+            "primary_mode": primary}
 
 
 @torch.no_grad()
@@ -236,17 +239,13 @@ def injection_ratios(model: VisionPLEModel, batches: Batches) -> dict[int, float
 
 def vision_verdict(table_random_like: bool | None, abl: dict[str, Any] | None) -> dict[str, str]:
     """{'verdict', 'reason'} by RULES['verdict'] from the table's random-likeness and the ablation."""
+    judged = None if abl is None else used_verdict(abl["delta"], abl["se"], abl.get("n", 0))
     if table_random_like:
-        used = "" if abl is None else (f"; ablation Δ {abl['delta']:+.4f} ± {abl['se']:.4f} "
-                                       f"({ablation_verdict(abl['delta'], abl['se'])[0]} by the ablation rule)")
+        used = "" if judged is None else f"; by the ablation alone it would be {judged['verdict']}: {judged['reason']}"
         return {"verdict": "random-like", "reason": "the table is random-like in every available view" + used}
-    if abl is None:
+    if judged is None:
         return {"verdict": "n/a", "reason": "structured table, but no held-out batches to ablate on"}
-    alive_at = max(ALIVE_DELTA, noise_of(abl["se"]))
-    verdict = "alive" if abl["delta"] > alive_at else "dead"
-    sign = ">" if verdict == "alive" else "<="
-    return {"verdict": verdict,
-            "reason": f"structured table; ablation Δ {abl['delta']:+.4f} {sign} {alive_at:.4f}"}
+    return {"verdict": judged["verdict"], "reason": f"structured table; {judged['reason']}"}
 
 
 def diagnose_vision_model(model: VisionPLEModel, batches: Batches, init_table: torch.Tensor | None = None,

@@ -33,7 +33,7 @@ def test_diagnose_run_dir_with_data_json(tmp_path, capsys, working_model, chain)
     np.save(tmp_path / "tokens.npy", _chain_tokens(chain))
     report = json.loads(run_cli([str(run), "--data", str(tmp_path / "tokens.npy"), "--json", "--batches", "4",
                                  "--seq-len", "32"], capsys))
-    assert report["verdict"] == "alive"
+    assert report["used"]["verdict"] == "used"
     assert report["data"]["batches"] == 4 and "tokens.npy" in report["data"]["source"]
     for rec in report["layers"]:
         for key in ("layer", "verdict", "injection_ratio", "ablation_delta_loss", "grad_ratio_table"):
@@ -52,7 +52,7 @@ def test_diagnose_human_output_with_init_table_and_no_data(tmp_path, capsys, mak
         model.per_layer_inputs.embed_tokens_per_layer.weight[:10] += 1.0
     save_checkpoint(run / "checkpoints" / "step_00000010", model)
     out = run_cli([str(run / "checkpoints" / "step_00000010")], capsys)
-    assert "verdict:" in out and "proxies" in out
+    assert "used:" in out and "proxies" in out and "provisional" in out
     assert "ablation (the primary evidence) needs data" in out
     assert "table view 'delta': table - table_at_init on the 10 rows that changed most" in out
     assert "rules:" in out and "definitions:" in out
@@ -61,4 +61,4 @@ def test_diagnose_human_output_with_init_table_and_no_data(tmp_path, capsys, mak
 def test_diagnose_dp0(tmp_path, capsys, make_model):
     save_checkpoint(tmp_path / "ckpt", make_model(dim=0))
     report = json.loads(run_cli([str(tmp_path / "ckpt"), "--json"], capsys))
-    assert report["verdict"] == "n/a" and report["layers"] == []
+    assert report["used"]["verdict"] == "n/a" and report["layers"] == []

@@ -72,4 +72,4 @@ def test_a_damaged_monitor_file_does_not_stop_the_diagnosis(bpe_run, capsys):
     (bpe_run / "run" / "diagnostics").mkdir()
     (bpe_run / "run" / "diagnostics" / "final.json").write_bytes(b"\xff{ cut short")
     assert main(["diagnose", str(bpe_run / "run")]) == 0
-    assert "monitor final verdict (step None): unreadable" in capsys.readouterr().out
+    assert "monitor final used verdict (step None): unreadable" in capsys.readouterr().out

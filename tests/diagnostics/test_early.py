@@ -34,7 +34,7 @@ def trajectory(trough: float, recovered: float, movement: float) -> list[dict]:
 def run(alive: bool, movement: float) -> dict:
     """A run whose recovery after the trough says whether it ends alive; table movement is noise here."""
     lines = trajectory(0.002, 0.2 if alive else 0.0025, movement)
-    return {"signals": run_signals(lines, TOTAL), "verdict": "alive" if alive else "dead"}
+    return {"signals": run_signals(lines, TOTAL), "verdict": "used" if alive else "unused"}
 
 
 def test_signals_are_read_at_the_fraction_from_lines_logged_by_then():
@@ -61,13 +61,13 @@ def test_choose_rule_finds_the_signal_that_separates_and_the_earliest_fraction()
     result = evaluate_rule(rule, held_out)
     base = result.pop("base_rate")
     assert result == {"correct": 3, "n": 3, "accuracy": 1.0, "missing": 0,
-                      "confusion": {"predicted alive, final alive": 2, "predicted not alive, final not alive": 1}}
+                      "confusion": {"predicted used, final used": 2, "predicted not used, final not used": 1}}
     # Beside the base-rate rule (the fit runs' majority; a tie goes to the first run's class, alive): 2/3.
-    assert rule["majority"] == "alive" and (base["base_correct"], base["beats_base_rate"]) == (2, True)
+    assert rule["majority"] == "used" and (base["base_correct"], base["beats_base_rate"]) == (2, True)
     assert "at 20% of training" in describe_rule(rule)
 
 
-def test_weak_counts_as_not_alive_and_a_missing_signal_is_counted_apart():
+def test_old_weak_and_dead_count_as_not_used_and_a_missing_signal_is_counted_apart():
     rule = {"signal": "ablation_delta", "fraction": 0.1, "threshold": 0.01}
     runs = [{"signals": {0.1: {"ablation_delta": 0.02}}, "verdict": "weak"},
             {"signals": {0.1: {"ablation_delta": 0.005}}, "verdict": "dead"},
@@ -75,10 +75,10 @@ def test_weak_counts_as_not_alive_and_a_missing_signal_is_counted_apart():
             {"signals": {0.1: {"ablation_delta": 0.5}}, "verdict": None}]  # no final verdict: not scored
     result = evaluate_rule(rule, runs)
     assert (result["correct"], result["n"], result["missing"]) == (1, 2, 1)
-    assert apply_rule(rule, None) is None and apply_rule(rule, 0.011) == "alive"
+    assert apply_rule(rule, None) is None and apply_rule(rule, 0.011) == "used"
     assert choose_rule([{"signals": {}, "verdict": "alive"}]) is None
     same = [{"signals": {0.1: {"ablation_delta": v}}, "verdict": "dead"} for v in (0.1, 0.2)]
-    assert choose_rule(same)["one_class"] == "not alive"  # nothing to separate: no fitted threshold (next test)
+    assert choose_rule(same)["one_class"] == "not used"  # nothing to separate: no fitted threshold (next test)
     assert choose_rule([*same, {"signals": {0.1: {"ablation_delta": 0.3}}, "verdict": "alive"}])["threshold"] > 0.2
 
 
@@ -95,14 +95,14 @@ def test_runs_that_all_end_alive_get_the_verdicts_own_line_at_the_earliest_fract
             alive_run({0.05: -0.0, 0.1: 0.04, 0.15: 0.08, 0.2: 0.3})]
     rule = choose_rule(runs)
     assert (rule["signal"], rule["fraction"], rule["threshold"]) == ("ablation_delta", 0.15, 0.01)
-    assert (rule["fit_correct"], rule["fit_n"], rule["one_class"]) == (3, 3, "alive")
+    assert (rule["fit_correct"], rule["fit_n"], rule["one_class"]) == (3, 3, "used")
     assert "untested" in describe_rule(rule) and "not fitted" in describe_rule(rule)
     # Held out, it is scored like any rule, and a run that ends dead is scored too when one exists.
     held_out = [alive_run({0.15: 0.02}), alive_run({0.15: 0.004}),
                 {"signals": {0.15: {"ablation_delta": 0.003}}, "verdict": "dead"}]
-    assert evaluate_rule(rule, held_out)["confusion"] == {"predicted alive, final alive": 1,
-                                                          "predicted not alive, final alive": 1,
-                                                          "predicted not alive, final not alive": 1}
+    assert evaluate_rule(rule, held_out)["confusion"] == {"predicted used, final used": 1,
+                                                          "predicted not used, final used": 1,
+                                                          "predicted not used, final not used": 1}
 
 
 def test_monitor_logs_every_candidate_signal(tmp_path, make_model, chain, eval_batches):
@@ -138,7 +138,7 @@ def test_diagnose_early_without_and_with_a_measured_rule(tmp_path, monkeypatch, 
     monkeypatch.setattr(law, "LAW_FILE", tmp_path / "law.json")
     assert main(["diagnose", str(run_dir), "--early"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("early prediction: alive") and "17/18" in out and "[128]" in out
+    assert out.startswith("early prediction: used") and "17/18" in out and "[128]" in out
     assert main(["diagnose", str(tmp_path), "--early"]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
 

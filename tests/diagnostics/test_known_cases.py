@@ -1,68 +1,78 @@
-"""Known cases (issue 4, item 6): a trained working PLE is judged alive, deliberately dead ones dead."""
+"""Known cases: a trained working PLE is judged used, deliberately useless ones unused (an equivalence test), and
+each verdict of the rule is reachable."""
 
 from __future__ import annotations
 
 import pytest
 
 from plelab.diagnostics.diagnose import diagnose_model
-from plelab.diagnostics.verdict import ALIVE_DELTA, DEAD_DELTA, ablation_verdict, overall_verdict
+from plelab.diagnostics.verdict import USED_MARGIN, overall_verdict, used_verdict
 
 
-def test_working_ple_is_alive(working_model, eval_batches):
+def test_working_ple_is_used(working_model, eval_batches):
     r = diagnose_model(working_model, eval_batches)
-    assert r["verdict"] == "alive", r["overall"]
-    assert r["overall"]["basis"] == "ablation"
-    assert [x["verdict"] for x in r["layers"]] == ["alive", "alive"]
+    assert r["used"]["verdict"] == "used", r["used"]
+    assert r["used"]["basis"] == "ablation" and r["used"]["provisional"] is False
+    assert [x["verdict"] for x in r["layers"]] == ["used", "used"]
     for x in r["layers"]:
         # Every way of removing PLE hurts, the table shuffle included: the table itself carries the lookup.
-        assert min(x[f"ablation_delta_loss_{m}"] for m in ("zero", "shuffle", "table")) > ALIVE_DELTA
+        assert min(x[f"ablation_delta_loss_{m}"] for m in ("zero", "shuffle", "table")) > USED_MARGIN
         assert x["injection_ratio"] > 0.1
 
 
-def test_random_ids_ple_is_dead(random_ids_model, eval_batches):
+def test_random_ids_ple_is_unused(random_ids_model, eval_batches):
     r = diagnose_model(random_ids_model, eval_batches)
-    assert r["verdict"] == "dead", r["overall"]
-    assert [x["verdict"] for x in r["layers"]] == ["dead", "dead"]
+    # The table shuffle costs nothing and its interval lies inside the margin: unused by the equivalence test.
+    assert r["used"]["verdict"] == "unused", r["used"]
+    assert [x["verdict"] for x in r["layers"]] == ["unused", "unused"]
     for x in r["layers"]:
         # Shuffling the table rows of random ids changes nothing: the table carries no information.
         assert abs(x["ablation_delta_loss_table"]) < 0.01
 
 
-def test_closed_gate_ple_is_dead(closed_gate_model, eval_batches):
+def test_closed_gate_ple_is_unused(closed_gate_model, eval_batches):
     r = diagnose_model(closed_gate_model, eval_batches)
-    assert r["verdict"] == "dead"
+    assert r["used"]["verdict"] == "unused"
     for x in r["layers"]:
-        assert x["verdict"] == "dead"
+        assert x["verdict"] == "unused"
         assert x["injection_ratio"] == 0.0
         assert x["gate_near_zero_frac"] == 1.0
         assert x["ablation_delta_loss_zero"] == 0.0
 
 
-def test_proxies_without_data(working_model, closed_gate_model):
-    alive = diagnose_model(working_model)
-    dead = diagnose_model(closed_gate_model)
-    assert alive["overall"]["basis"] == dead["overall"]["basis"] == "proxies"
-    assert any("ablation" in n for n in alive["notes"])
-    assert dead["verdict"] == "dead"
-    assert alive["verdict"] != "dead"
-    assert all(x["ablation_delta_loss"] is None for x in alive["layers"])
+def test_proxies_without_data_are_provisional(working_model, closed_gate_model):
+    used = diagnose_model(working_model)
+    unused = diagnose_model(closed_gate_model)
+    assert used["used"]["basis"] == unused["used"]["basis"] == "proxies"
+    assert used["used"]["provisional"] and unused["used"]["provisional"]
+    assert "provisional" in used["used"]["reason"]
+    assert any("ablation" in n for n in used["notes"])
+    assert unused["used"]["verdict"] == "unused"
+    assert used["used"]["verdict"] != "unused"
+    assert all(x["ablation_delta_loss"] is None for x in used["layers"])
 
 
 @pytest.mark.parametrize(
-    ("delta", "se", "expected"),
-    [(0.05, 0.001, "alive"), (0.05, 0.03, "dead"), (0.005, 0.001, "weak"), (0.009, 0.004, "weak"),
-     (DEAD_DELTA, None, "dead"),
-     (-0.01, 0.001, "dead"), (0.02, 0.02, "dead")],
+    ("delta", "se", "n", "expected"),
+    [(0.05, 0.001, 8, "used"),
+     # within two standard errors of zero the change is noise, and the interval reaches past the margin: the old
+     # rule called this "dead"; nothing is shown either way
+     (0.05, 0.03, 8, "not resolved"),
+     (0.005, 0.001, 8, "unused"),          # a real but tiny dependence: the interval lies inside +-0.01
+     (0.009, 0.004, 8, "not resolved"),    # the old rule's "weak": the interval crosses the margin
+     (0.002, 0.0195, 8, "not resolved"),   # the old rule's "dead" (delta <= 2 s.e.), an interval of +-0.046
+     (-0.05, 0.001, 8, "harmful"),
+     (0.02, float("nan"), 1, "used")],      # one batch: no noise estimate, the band is the margin alone
 )
-def test_ablation_rule_has_all_three_outcomes(delta, se, expected):
-    # (0.05, se 0.03) is dead: within NOISE_SIGMAS standard errors of zero, the change is noise.
-    assert ablation_verdict(delta, se)[0] == expected
+def test_used_rule_reaches_every_verdict_and_dead_needs_equivalence(delta, se, n, expected):
+    assert used_verdict(delta, se, n)["verdict"] == expected
 
 
 def test_overall_from_proxies():
-    assert overall_verdict(["dead", "alive"], None)["verdict"] == "alive"
-    assert overall_verdict(["dead", "dead"], None)["verdict"] == "dead"
-    assert overall_verdict(["dead", "weak"], None)["verdict"] == "weak"
+    assert overall_verdict(["unused", "used"], None)["verdict"] == "used"
+    assert overall_verdict(["unused", "unused"], None)["verdict"] == "unused"
+    assert overall_verdict(["unused", "not resolved"], None)["verdict"] == "not resolved"
+    assert overall_verdict(["unused"], None)["provisional"] is True
     assert overall_verdict([], None)["verdict"] == "n/a"
 
 

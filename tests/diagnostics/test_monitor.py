@@ -55,12 +55,12 @@ def test_monitor_logs_warns_early_and_compares_with_final(tmp_path, make_model, 
     diag = tmp_path / "diagnostics"
     np.testing.assert_array_equal(np.load(diag / "table_init.npy"), init)
     early = json.loads((diag / "early.json").read_text())
-    assert early["step"] == 12 and early["summary"]["verdict"] in ("alive", "weak", "dead")
+    assert early["step"] == 12 and early["summary"]["verdict"] in ("used", "unused", "not resolved", "harmful")
     final = json.loads((diag / "final.json").read_text())
-    assert final["summary"]["verdict"] == "alive"
+    assert final["summary"]["verdict"] == "used"
     assert final["report"]["table_health"]["views"]["delta"]["available"]
     match = final["early_matches_final"]
-    assert match["verdict"] == (early["summary"]["verdict"] == "alive")
+    assert match["verdict"] == (early["summary"]["verdict"] == "used")
     assert set(match["layers"]) == {"0", "1"}
 
 
@@ -72,7 +72,7 @@ def test_resumed_monitor_keeps_init_table_and_early_verdict(tmp_path, make_model
     trainer = FakeTrainer(model, tmp_path, 40)
     first = PLEMonitor(every=10)  # no eval batches: ablation on captured training batches
     drive(trainer, first, chain, 20, end=False)
-    assert first.early["verdict"] == "dead" and first.early["step"] == 4
+    assert first.early["verdict"] == "unused" and first.early["step"] == 4
     saved = np.load(tmp_path / "diagnostics" / "table_init.npy")
     resumed = PLEMonitor(every=10)
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))  # checkpoint state round trip
@@ -81,7 +81,7 @@ def test_resumed_monitor_keeps_init_table_and_early_verdict(tmp_path, make_model
     drive(trainer, resumed, chain, 40)
     np.testing.assert_array_equal(np.load(tmp_path / "diagnostics" / "table_init.npy"), saved)
     final = json.loads((tmp_path / "diagnostics" / "final.json").read_text())
-    assert final["summary"]["verdict"] == "dead"
+    assert final["summary"]["verdict"] == "unused"
     assert final["early"]["step"] == 4
     assert final["early_matches_final"]["verdict"] is True
     assert any("captured training batches" in n for n in final["report"]["notes"])

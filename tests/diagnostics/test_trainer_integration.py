@@ -51,7 +51,7 @@ def test_metrics_and_verdict_files(run_dir):
     early = json.loads((diag / "early.json").read_text())
     final = json.loads((diag / "final.json").read_text())
     assert early["step"] == 2
-    assert final["summary"]["verdict"] in ("alive", "weak", "dead")
+    assert final["summary"]["verdict"] in ("used", "unused", "not resolved", "harmful")
     assert final["early_matches_final"] is not None
     assert any("evaluation domains (prose, val)" in n for n in final["notes"])  # val: the held-out split
     assert "tokens of the training split" in final["report"]["table_health"]["views"]["frequent"]["rows"]
@@ -65,7 +65,8 @@ def test_diagnose_the_run_with_prepared_or_text_data(run_dir, data, capsys):
                               "--batches", "2", "--seq-len", "32"])
     assert args.func(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["verdict"] in ("alive", "weak", "dead") and report["overall"]["basis"] == "ablation"
+    assert report["used"]["verdict"] in ("used", "unused", "not resolved", "harmful")
+    assert report["used"]["basis"] == "ablation"
     assert report["table_health"]["views"]["delta"]["available"]  # the monitor's init snapshot was found
     assert report["monitor"]["final"]["verdict"] == json.loads(
         (run_dir / "run" / "diagnostics" / "final.json").read_text())["summary"]["verdict"]

@@ -34,10 +34,10 @@ def test_dead_ple_revived_only_by_gate_adapters(make_gemma, finetune_data, tmp_p
     primary = c["modes"][c["primary_mode"]]
     assert abs(primary["base_delta"]) < 1e-6  # the planted base: PLE contributes nothing
     if expected == "more":
-        assert report["verdict"] != "dead" and primary["tuned_delta"] > 0.01
+        assert report["used"]["verdict"] != "unused" and primary["tuned_delta"] > 0.01
         assert all(x["injection_ratio_base"] == 0 < x["injection_ratio_tuned"] for x in c["layers"].values())
     else:
-        assert report["verdict"] == "dead" and abs(primary["tuned_delta"]) < 1e-6
+        assert report["used"]["verdict"] == "unused" and abs(primary["tuned_delta"]) < 1e-6
 
 
 def test_text_report_and_explicit_base(make_gemma, finetune_data, tmp_path, capsys):

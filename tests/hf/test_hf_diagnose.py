@@ -40,21 +40,22 @@ def test_streamed_model_equals_transformers(make_gemma, family, gemma_vocab):
     assert not any(tuple(p.shape) == ours.ckpt.table.shape for p in ours.lm.parameters())  # nothing holds the table
 
 
-def test_zero_gate_weights_diagnose_dead(make_gemma, valid_dir, capsys):
+def test_zero_gate_weights_diagnose_unused(make_gemma, valid_dir, capsys):
     r = diagnose(make_gemma("gemma3n", plant="dead"), valid_dir, capsys)
-    assert r["verdict"] == "dead" and r["overall"]["basis"] == "ablation"
-    assert all(x["verdict"] == "dead" and x["injection_ratio"] == 0 for x in r["layers"])
+    assert r["used"]["verdict"] == "unused" and r["used"]["basis"] == "ablation"
+    assert all(x["verdict"] == "unused" and x["injection_ratio"] == 0 for x in r["layers"])
+    assert r["pays"]["verdict"] == "not measured" and "no dP = 0 twin" in r["pays"]["reason"]
     assert all(x["gate_near_zero_frac"] == 1.0 for x in r["layers"])
     assert all(abs(x["ablation_delta_loss_zero"]) < 1e-6 for x in r["layers"])
 
 
-def test_ple_that_carries_the_tokens_diagnoses_alive(make_gemma, valid_dir, capsys):
+def test_ple_that_carries_the_tokens_diagnoses_used(make_gemma, valid_dir, capsys):
     r = diagnose(make_gemma("gemma4", plant="alive"), valid_dir, capsys)
-    assert r["verdict"] == "alive", r["overall"]
-    o = r["overall"]
+    assert r["used"]["verdict"] == "used", r["used"]
+    o = r["used"]
     assert min(o["ablation_delta_loss_zero"], o["ablation_delta_loss_shuffle"], o["ablation_delta_loss_table"]) > 0.1
     assert set(r["domains"]) == {"code", "prose"}
-    assert all(d["verdict"] == "alive" and d["batches"] == 2 for d in r["domains"].values())
+    assert all(d["verdict"] == "used" and d["batches"] == 2 for d in r["domains"].values())
     view = r["table_health"]["views"]["frequent"]
     assert view["available"] and "most frequent token ids" in view["rows"]
     assert not r["table_health"]["views"]["delta"]["available"]
@@ -65,7 +66,7 @@ def test_random_checkpoint_text_report_and_layer_selection(make_gemma, valid_dir
     folder = make_gemma("gemma3n")
     assert main(["diagnose", "--hf", str(folder), "--data", str(valid_dir), *SMALL, "--layers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "verdict:" in out and "domain code" in out and "domain prose" in out
+    assert "used:" in out and "pays: NOT MEASURED" in out and "domain code" in out and "domain prose" in out
     assert "AltUp" in out  # the Gemma 3n note on what the injection ratio divides by
     r = diagnose(folder, valid_dir, capsys, "--layers", "1")
     assert [x["layer"] for x in r["layers"]] == [1] and r["model"]["ple_layers"] == [1]
@@ -74,14 +75,14 @@ def test_random_checkpoint_text_report_and_layer_selection(make_gemma, valid_dir
 def test_multimodal_layout_gives_the_same_report(make_gemma, valid_dir, capsys):
     text = diagnose(make_gemma("gemma3n", plant="dead"), valid_dir, capsys)
     mm = diagnose(make_gemma("gemma3n", plant="dead", multimodal=True), valid_dir, capsys)
-    assert mm["verdict"] == text["verdict"] == "dead"
-    assert mm["overall"]["loss_full"] == pytest.approx(text["overall"]["loss_full"], abs=1e-6)
+    assert mm["used"]["verdict"] == text["used"]["verdict"] == "unused"
+    assert mm["used"]["loss_full"] == pytest.approx(text["used"]["loss_full"], abs=1e-6)
 
 
 def test_without_data_only_proxies(make_gemma, capsys):
     assert main(["diagnose", "--hf", str(make_gemma("gemma4")), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["overall"]["basis"] == "proxies" and r["data"]["batches"] == 0
+    assert r["used"]["basis"] == "proxies" and r["used"]["provisional"] and r["data"]["batches"] == 0
     assert "random rows" in r["table_health"]["views"]["frequent"]["rows"]
 
 

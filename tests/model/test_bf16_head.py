@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from plelab.model import LanguageModel, load_model_config
 from plelab.model import bf16_gemm as B
-from plelab.model import kernels as K
+from plelab.model import fused_ops as K
 from plelab.model import softmax_xent as S
 from plelab.util.device import cpu_bf16_features
 

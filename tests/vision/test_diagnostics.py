@@ -69,8 +69,10 @@ def test_a_planted_structured_table_is_not_random_like(kind):
     report = table_report(table, init=init)
     assert report["views"]["delta"]["random_like"] is False
     assert report["random_like"] is False
-    assert vision_verdict(report["random_like"], {"delta": 0.5, "se": 0.01})["verdict"] == "alive"
-    assert vision_verdict(report["random_like"], {"delta": 0.001, "se": 0.01})["verdict"] == "dead"
+    assert vision_verdict(report["random_like"], {"delta": 0.5, "se": 0.01, "n": 8})["verdict"] == "used"
+    # the old rule called any delta under max(0.01, 2 s.e.) dead; unused now needs the interval inside the margin
+    assert vision_verdict(report["random_like"], {"delta": 0.001, "se": 0.01, "n": 8})["verdict"] == "not resolved"
+    assert vision_verdict(report["random_like"], {"delta": 0.001, "se": 0.001, "n": 8})["verdict"] == "unused"
 
 
 def test_a_drift_shared_by_every_id_is_not_id_structure():
@@ -133,8 +135,9 @@ def test_initial_table_is_rebuilt_exactly_and_a_run_is_diagnosed_from_its_checkp
     assert diag["table"]["shape"] == [K, 2, 8]
     assert diag["table"]["views"]["delta"].get("available", True)  # the init was found and the table moved
     assert diag["ablation"]["n_tokens"] == len(VisionData(cfg, torch.device("cpu")).heldout) * 2
-    assert diag["verdict"]["verdict"] in ("alive", "dead", "random-like")
-    assert main(["vision", "diagnose", str(tmp_path / "run"), "--corpus", str(planted_corpus)]) == 0
+    assert diag["verdict"]["verdict"] in ("random-like", "used", "unused", "not resolved", "harmful")
+    assert main(["vision", "diagnose", str(tmp_path / "run"), "--corpus", str(planted_corpus),
+                 "--batch-size", "32"]) == 0
     out = capsys.readouterr().out
     assert f"verdict: {diag['verdict']['verdict']}" in out and "effective rank" in out and "ablation" in out
     assert main(["vision", "diagnose", str(tmp_path / "missing")]) == 2

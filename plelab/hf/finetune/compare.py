@@ -6,8 +6,9 @@ difference per batch, d_i = (off - full)_tuned,i - (off - full)_base,i, reported
 95 % t interval and two-sided t-test p for each mode (plelab.stats; the unit is the evaluation batch, so the
 interval speaks about these evaluation data, not about repeating the fine-tune with other seeds).
 The verdict uses the mode that is primary for the base model (the smallest loss increase,
-as diagnose chooses it) and diagnose's noise band (2 standard errors) and floor: "more" if the mean change
-exceeds max(floor, noise), "less" if it is below minus that, else "unchanged (within noise)". Per layer, the
+as diagnose chooses it) and diagnose's used rule (plelab.diagnostics.verdict.used_verdict) on the change: "more" if
+the mean change exceeds max(margin, 2 standard errors), "less" if it is below minus that, "unchanged" only when the
+change's 90 % interval lies inside +-margin (an equivalence test), else "not resolved". Per layer, the
 injection ratio |y| / |h| of both models is shown beside it. The two models are measured one after the other,
 so only one is in memory at a time.
 """
@@ -49,13 +50,12 @@ def _paired(base: dict, tuned: dict, mode: str, idx: list[int]) -> dict[str, Any
             "p": t_test(change["mean"], change["se"], change["n"])["p"]}
 
 
-def _verdict(change: float, se: float) -> tuple[str, str]:
-    bar = max(V.DEAD_DELTA, V.noise_of(se))
-    if change > bar:
-        return "more", f"the PLE-off loss increase grew by {change:+.4f} > {bar:.4f}"
-    if change < -bar:
-        return "less", f"the PLE-off loss increase shrank by {change:+.4f} < -{bar:.4f}"
-    return "unchanged", f"change {change:+.4f} within +-{bar:.4f} (max(floor {V.DEAD_DELTA}, 2 SE))"
+def _verdict(change: float, se: float, n: int) -> tuple[str, str]:
+    """(more / less / unchanged / not resolved, reason): the used rule applied to the paired change in use."""
+    judged = V.used_verdict(change, se, n)
+    word = {"used": "more", "harmful": "less", "unused": "unchanged"}.get(judged["verdict"], "not resolved")
+    reason = judged["reason"].replace("switching it off changes the loss by", "the PLE-off loss increase changed by")
+    return word, reason
 
 
 def compare_ple_use(base: dict[str, Any], tuned: dict[str, Any], domains: list[str]) -> dict[str, Any]:
@@ -64,11 +64,11 @@ def compare_ple_use(base: dict[str, Any], tuned: dict[str, Any], domains: list[s
     modes = {mode: _paired(base, tuned, mode, every) for mode in ABLATION_MODES}
     primary = min(ABLATION_MODES, key=lambda m: modes[m]["base_delta"])
     result: dict[str, Any] = {"primary_mode": primary, "modes": modes, "n_batches": len(every)}
-    result["verdict"], result["reason"] = _verdict(modes[primary]["change"], modes[primary]["se"])
+    result["verdict"], result["reason"] = _verdict(modes[primary]["change"], modes[primary]["se"], modes[primary]["n"])
     result["domains"] = {}
     for name in dict.fromkeys(domains):
         d = _paired(base, tuned, primary, [k for k, dom in enumerate(domains) if dom == name])
-        d["verdict"], d["reason"] = _verdict(d["change"], d["se"])
+        d["verdict"], d["reason"] = _verdict(d["change"], d["se"], d["n"])
         result["domains"][name] = d
     result["layers"] = {i: {"injection_ratio_base": base["injection_ratio"][i],
                             "injection_ratio_tuned": tuned["injection_ratio"][i]} for i in base["layers"]}

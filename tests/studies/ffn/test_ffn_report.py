@@ -57,7 +57,7 @@ def test_markdown_and_html_report_with_plots_rules_and_the_published_table(study
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
     for text in ("Variants", "Rules", "Per-domain Δ vs `swiglu` (loss)", "Per-domain Δ vs `swiglu` (bits per byte)",
                  "Gap timeline", "Published result (SPEC §5) beside this study", "two-sided paired t test",
-                 "Registered analysis", "Power before compute", "MGLU costs loss here",
+                 "Registered analysis", "Power at this study's size (post hoc)", "MGLU costs loss here",
                  "**illusory convergence**", "uniform degradation (16/16 worse)", "val (held-out split"):
         assert text in md, text
     assert "en_math" in md and "1.6904 → 1.7353" in md

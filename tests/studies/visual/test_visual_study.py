@@ -114,7 +114,7 @@ def test_structured_needs_every_seed_and_the_fix_is_judged_against_its_own_corpu
     assert rows["dct"]["table"]["structured"] == "random-like"
     assert rows["fix"]["table"]["structured"] == "structured"
     assert rows["fixsmall"]["table"]["structured"] == "mixed"
-    assert rows["fix"]["table"]["verdicts"] == {"alive": 3}
+    assert rows["fix"]["table"]["verdicts"] == {"used": 3}
     assert rows["dct"]["table"]["verdicts"] == {"random-like": 3}
     fixes = {f["variant"]: f for f in a["fix"]}
     assert fixes["fix"]["reference"] == "dct" and fixes["fix"]["turned_structured"] is True

@@ -1,4 +1,4 @@
-"""The CPU kernels (plelab/model/kernels.py) compute the same function as the reference model."""
+"""The fused ops (plelab/model/fused_ops.py) compute the same function as the reference model."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from plelab.model import KVCache, LanguageModel, load_model_config
-from plelab.model import kernels as K
+from plelab.model import fused_ops as K
 from plelab.model.norm import RMSNorm, rms_norm
-from plelab.model.transformer import KERNEL_OPS, REFERENCE_OPS, apply_rope, rope_tables
+from plelab.model.transformer import FUSED_OPS, REFERENCE_OPS, apply_rope, rope_tables
 
 # Model variants that exercise every kernel call site: Gemma-form PLE (context norm, input gate, output
 # norm), GQA, an untied head, MGLU, and the simple form on a subset of layers.
@@ -30,7 +30,7 @@ def pair(overrides: list[str]) -> tuple[LanguageModel, LanguageModel]:
     ref = LanguageModel(dataclasses.replace(cfg, kernels="off"))
     fast = LanguageModel(dataclasses.replace(cfg, kernels="on"))
     fast.load_state_dict(ref.state_dict())
-    assert ref.ops is REFERENCE_OPS and fast.ops is KERNEL_OPS
+    assert ref.ops is REFERENCE_OPS and fast.ops is FUSED_OPS
     return ref, fast
 
 
@@ -77,7 +77,7 @@ def test_logits_through_the_kv_cache_match_the_reference(variant: str) -> None:
 
 def test_the_choice_reaches_every_norm_and_attention() -> None:
     ref, fast = pair([])
-    for model, ops in ((ref, REFERENCE_OPS), (fast, KERNEL_OPS)):
+    for model, ops in ((ref, REFERENCE_OPS), (fast, FUSED_OPS)):
         norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
         assert len(norms) == 2 * 2 + 1 + 1 + 2  # layer norms, final norm, PLE context norm, PLE output norms
         assert all(m.fn is ops.rms_norm for m in norms)
@@ -85,15 +85,15 @@ def test_the_choice_reaches_every_norm_and_attention() -> None:
 
 
 def test_auto_means_on_for_the_cpu_only() -> None:
-    assert K.kernels_enabled("auto", "cpu") and K.kernels_enabled("auto", torch.device("cpu"))
-    assert not K.kernels_enabled("auto", "cuda") and not K.kernels_enabled("auto", "meta")
-    assert K.kernels_enabled("on", "cuda") and not K.kernels_enabled("off", "cpu")
+    assert K.fused_ops_enabled("auto", "cpu") and K.fused_ops_enabled("auto", torch.device("cpu"))
+    assert not K.fused_ops_enabled("auto", "cuda") and not K.fused_ops_enabled("auto", "meta")
+    assert K.fused_ops_enabled("on", "cuda") and not K.fused_ops_enabled("off", "cpu")
     cfg = load_model_config("tiny")
-    assert cfg.kernels == "auto" and LanguageModel(cfg).ops is KERNEL_OPS
+    assert cfg.kernels == "auto" and LanguageModel(cfg).ops is FUSED_OPS
     assert LanguageModel(cfg, device="meta").ops is REFERENCE_OPS
     with torch.device("meta"):  # a skeleton for loading, which will run on the CPU
         skeleton = LanguageModel(cfg, device="cpu")
-    assert skeleton.ops is KERNEL_OPS and skeleton.embed_tokens.weight.is_meta
+    assert skeleton.ops is FUSED_OPS and skeleton.embed_tokens.weight.is_meta
 
 
 class _WeightCats(TorchDispatchMode):
@@ -119,7 +119,7 @@ def test_forward_copies_no_weights(kernels: str) -> None:
     assert mode.count == 0
 
 
-# ----------------------------------------------------------------------------------------- single kernels
+# ---------------------------------------------------------------------------------------- single fused ops
 
 
 @pytest.mark.parametrize("chunk", [None, 7, 64])

@@ -1,8 +1,9 @@
-"""CPU speed paths: the same functions as the reference model, with hand-written backward passes.
+"""Fused ops: the same functions as the reference model, with hand-written backward passes (CPU speed paths).
 
 Switched on by `ModelConfig.kernels` ("auto" = on for a model built for the CPU, the only device they
 were measured on: `benchmarks/bench_train_step.py`). Each replaces one reference formula and is tested
-against it (tests/model/test_kernels.py):
+against it (tests/model/test_fused_ops.py). The config field keeps its name, `kernels`
+(run configs record it):
 
 - `rms_norm`: plelab.model.norm.rms_norm. On CPU, the composite's autograd graph makes ~10 extra passes
   over the activations; this saves only x and 1/rms and does 3 forward and ~7 backward passes.
@@ -29,8 +30,8 @@ from plelab.model.config import KernelsSetting
 from plelab.model.softmax_xent import softmax_xent
 
 
-def kernels_enabled(setting: KernelsSetting, device: torch.device | str | None = None) -> bool:
-    """Whether a model built for `device` (None = torch's default device) uses these kernels."""
+def fused_ops_enabled(setting: KernelsSetting, device: torch.device | str | None = None) -> bool:
+    """Whether a model built for `device` (None = torch's default device) uses the fused ops."""
     if setting != "auto":
         return setting == "on"
     return torch.device(device if device is not None else torch.get_default_device()).type == "cpu"
