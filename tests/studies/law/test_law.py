@@ -204,7 +204,8 @@ def test_gather_reads_a_real_sweep(finished_sweep):
     runs = gather(finished_sweep)
     assert sorted((r["ple_dim"], r["seed"]) for r in runs) == [(0, 1), (0, 2), (8, 1), (8, 2)]
     ple = [r for r in runs if r["ple_dim"]]
-    assert all(r["verdict"] in ("used", "unused", "not resolved", "harmful") and r["trained"]["trained"] is not None for r in ple)
+    assert all(r["verdict"] in ("used", "unused", "not resolved", "harmful") and r["trained"]["trained"] is not None
+               for r in ple)
     assert all(r["train_seconds"] > 0 for r in runs)
     for r in ple:  # 12 steps logged every 4: the candidates exist from a third of training on (the monitor logs them)
         metrics, _ = read_metrics(Path(r["dir"]))
