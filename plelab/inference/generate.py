@@ -102,7 +102,7 @@ def model_forward(model: Any, capacity: int) -> Forward:
     """A `Forward` over a PyTorch `LanguageModel` with a fresh KV cache of `capacity` positions."""
     import torch
 
-    from plelab.model.transformer import KVCache
+    from plelab.model.kv_cache import KVCache
 
     weight = next(model.parameters())
     cache = KVCache.empty(model.config, 1, capacity, weight.device, weight.dtype)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 _SOURCES = {
     "FFNConfig": "config", "ModelConfig": "config", "PLEConfig": "config", "count_params": "params",
-    "PRESETS": "presets", "load_model_config": "presets", "KVCache": "transformer",
+    "PRESETS": "presets", "load_model_config": "presets", "KVCache": "kv_cache",
     "LanguageModel": "transformer", "TokenIdError": "transformer",
 }
 __all__ = [
@@ -21,9 +21,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from plelab.model.config import FFNConfig, ModelConfig, PLEConfig
+    from plelab.model.kv_cache import KVCache
     from plelab.model.params import count_params
     from plelab.model.presets import PRESETS, load_model_config
-    from plelab.model.transformer import KVCache, LanguageModel, TokenIdError
+    from plelab.model.transformer import LanguageModel, TokenIdError
 
 
 def __getattr__(name: str) -> Any:

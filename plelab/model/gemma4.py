@@ -33,7 +33,7 @@ from plelab.model.norm import NormFn, RMSNorm
 from plelab.model.ple import PerLayerInjection
 
 if TYPE_CHECKING:
-    from plelab.model.transformer import KVCache
+    from plelab.model.kv_cache import KVCache
 
 Tensor = torch.Tensor
 Rope = Callable[[Tensor, Tensor, Tensor], Tensor]

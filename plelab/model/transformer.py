@@ -38,6 +38,7 @@ from plelab.model import bf16_gemm, fused_ops
 from plelab.model.config import ModelConfig
 from plelab.model.ffn import build_ffn
 from plelab.model.gemma4 import Gemma4DecoderLayer, gemma4_layers
+from plelab.model.kv_cache import KVCache
 from plelab.model.norm import NormFn, RMSNorm, rms_norm
 from plelab.model.ple import PerLayerInjection, PerLayerInputs
 
@@ -103,36 +104,6 @@ class Ops:
 
 REFERENCE_OPS = Ops(rms_norm, apply_rope, linear_cross_entropy)
 FUSED_OPS = Ops(fused_ops.rms_norm, fused_ops.rope, fused_ops.linear_cross_entropy)
-
-
-@dataclass
-class KVCache:
-    """Preallocated keys/values for every layer; `pos` tokens are filled."""
-
-    keys: list[Tensor]
-    values: list[Tensor]
-    pos: int = 0
-
-    @classmethod
-    def empty(cls, cfg: ModelConfig, batch: int, length: int, device=None, dtype=torch.float32) -> KVCache:
-        """Allocate a cache for `batch` sequences of up to `length` tokens (nothing for KV-shared layers)."""
-
-        def shape(layer: int) -> tuple[int, ...]:
-            if cfg.kv_source(layer) != layer:
-                return (0,)  # a Gemma 4 KV-shared layer reads its source layer's entries
-            kv_heads, head_dim = cfg.attention_shape(layer)
-            return (batch, kv_heads, length, head_dim)
-
-        shapes = [shape(i) for i in range(cfg.num_layers)]
-        return cls(
-            [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes],
-            [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes],
-        )
-
-    @property
-    def capacity(self) -> int:
-        """Longest sequence the cache holds."""
-        return self.keys[0].shape[2]
 
 
 class Attention(nn.Module):
