@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from plelab.stats.distributions import t_cdf, t_quantile, t_two_sided_p
+from scipy import stats as scipy_stats
 
 ALPHA = 0.05
 """Default test level: two-sided 5 % for differences, 5 % per side for equivalence (a 90 % interval)."""
@@ -67,7 +67,7 @@ def paired(reference: Mapping[Any, float], other: Mapping[Any, float]) -> dict[s
 
 def t_critical(n: int, level: float = 0.95) -> float:
     """t_{(1 + level)/2, n - 1}: the two-sided threshold in s.e. for a mean of n paired deltas (NaN for n < 2)."""
-    return t_quantile(0.5 + level / 2, n - 1) if n >= 2 else math.nan
+    return float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) if n >= 2 else math.nan
 
 
 def t_test(mean: float, se: float, n: int, null: float = 0.0) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def t_test(mean: float, se: float, n: int, null: float = 0.0) -> dict[str, Any]:
         return {"t": math.copysign(math.inf, mean - null) if mean != null else 0.0, "df": n - 1,
                 "p": 0.0 if mean != null else 1.0}
     t = (mean - null) / se
-    return {"t": t, "df": n - 1, "p": t_two_sided_p(t, n - 1)}
+    return {"t": t, "df": n - 1, "p": float(2.0 * scipy_stats.t.sf(abs(t), n - 1))}
 
 
 def t_interval(mean: float, se: float, n: int, level: float = 0.95) -> list[float] | None:
@@ -113,8 +113,8 @@ def tost(mean: float, se: float, n: int, margin: float, alpha: float = ALPHA) ->
         inside = -margin < mean < margin
         return {"margin": margin, "p": 0.0 if inside else 1.0, "equivalent": inside, "interval": [mean, mean]}
     df = n - 1
-    p_low = 1.0 - t_cdf((mean + margin) / se, df)  # H0: mean <= -margin
-    p_high = t_cdf((mean - margin) / se, df)       # H0: mean >= +margin
+    p_low = float(scipy_stats.t.sf((mean + margin) / se, df))   # H0: mean <= -margin
+    p_high = float(scipy_stats.t.cdf((mean - margin) / se, df))  # H0: mean >= +margin
     p = max(p_low, p_high)
     return {"margin": margin, "p": p, "equivalent": p < alpha,
             "interval": t_interval(mean, se, n, 1.0 - 2.0 * alpha)}

@@ -1,12 +1,12 @@
 """Power before compute: from a pilot's seed spread, what a grid can resolve and how many seeds an effect needs.
 
 The test is the one every study uses: a two-sided one-sample t test on n per-seed deltas whose standard
-deviation is sd. Its power at a true mean delta d is exact (noncentral t), computed by integrating the normal
-over the chi distribution of the sample s.d.:
+deviation is sd. Its power at a true mean delta d is that of the noncentral t (scipy.stats.nct), with
+noncentrality lam = d sqrt(n) / sd, df = n - 1 and critical value c = t_{1 - alpha/2, df}. The equivalence test
+(TOST) has no such closed form: its power integrates the normal over the chi distribution of the sample s.d.,
 
-    power = E_u[ Phi(lam - c u / sqrt(df)) + Phi(-lam - c u / sqrt(df)) ],  lam = d sqrt(n) / sd,  u ~ chi(df)
+    power = E_u[ Phi(hi(u)) - Phi(lo(u)) ],  u ~ chi(df),  the bounds below (equivalence_power).
 
-with c = t_{1 - alpha/2, df}, df = n - 1. The same integral gives the power of the equivalence test (TOST).
 The pilot's sd is itself an estimate from few seeds; the numbers are a plan, not a promise.
 """
 
@@ -17,8 +17,8 @@ import math
 from typing import Any
 
 import numpy as np
-
-from plelab.stats.distributions import t_quantile
+from scipy import special
+from scipy import stats as scipy_stats
 
 _GRID = 4001
 
@@ -40,16 +40,6 @@ def _chi_grid(df: int) -> tuple[np.ndarray, np.ndarray]:
     return u, weights / weights.sum()
 
 
-def _phi(x: np.ndarray) -> np.ndarray:
-    """Standard normal cdf, vectorised (Numerical Recipes' erfc: absolute error < 1.2e-7, plenty for power)."""
-    z = np.abs(x) / math.sqrt(2)
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = (-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
-    erfc = t * np.exp(poly)
-    return np.where(x >= 0, 1.0 - 0.5 * erfc, 0.5 * erfc)
-
-
 def power(delta: float, sd: float, n: int, alpha: float = 0.05) -> float:
     """Probability that the two-sided t test on n per-seed deltas (spread sd) rejects 0 when the mean is delta."""
     if n < 2:
@@ -57,11 +47,11 @@ def power(delta: float, sd: float, n: int, alpha: float = 0.05) -> float:
     if sd <= 0:
         return 1.0 if delta != 0 else alpha
     df = n - 1
-    c = t_quantile(1 - alpha / 2, df)
+    c = scipy_stats.t.ppf(1 - alpha / 2, df)
     lam = abs(delta) * math.sqrt(n) / sd
-    u, w = _chi_grid(df)
-    s = u / math.sqrt(df)
-    return float(np.sum(w * (_phi(lam - c * s) + _phi(-lam - c * s))))
+    # The lower tail P(T' < -c) as the upper tail at -lam: scipy's noncentral t cdf returns NaN far out in the
+    # left tail (df 4, lam 36, say), where its survival function at the mirrored noncentrality does not.
+    return float(scipy_stats.nct.sf(c, df, lam) + scipy_stats.nct.sf(c, df, -lam))
 
 
 def minimum_detectable_effect(sd: float, n: int, alpha: float = 0.05, target: float = 0.8) -> float | None:
@@ -95,14 +85,14 @@ def equivalence_power(margin: float, sd: float, n: int, true_delta: float = 0.0,
     if n < 2 or margin <= 0:
         return 0.0
     df = n - 1
-    c = t_quantile(1 - alpha, df)
+    c = scipy_stats.t.ppf(1 - alpha, df)
     u, w = _chi_grid(df)
     s = u / math.sqrt(df)
     scale = sd / math.sqrt(n)
     # Equivalent when -margin + c se < mean_hat < margin - c se, se = scale * s, mean_hat ~ N(true, scale^2).
     upper = (margin - c * scale * s - true_delta) / scale
     lower = (-margin + c * scale * s - true_delta) / scale
-    return float(np.sum(w * np.clip(_phi(upper) - _phi(lower), 0.0, 1.0)))
+    return float(np.sum(w * np.clip(special.ndtr(upper) - special.ndtr(lower), 0.0, 1.0)))
 
 
 def seeds_for_equivalence(margin: float, sd: float, true_delta: float = 0.0, alpha: float = 0.05,

@@ -7,12 +7,11 @@ the cases the rule was chosen on, or else in the cases themselves); for a rankin
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from plelab.stats.distributions import binomial_tail
+from scipy import stats as scipy_stats
 
 
 def majority(labels: Sequence[Hashable]) -> Hashable | None:
@@ -40,38 +39,27 @@ def accuracy_vs_base_rate(predicted: Sequence[Hashable], actual: Sequence[Hashab
     base_right = [base == a for a in actual]
     only_rule = sum(r and not b for r, b in zip(right, base_right, strict=True))
     only_base = sum(b and not r for r, b in zip(right, base_right, strict=True))
-    m = only_rule + only_base
-    mcnemar = min(1.0, 2.0 * binomial_tail(max(only_rule, only_base), m)) if m else 1.0
+    mcnemar = sign_test_p(only_rule, only_base)
     return {"n": n, "correct": sum(right), "accuracy": sum(right) / n if n else None,
             "base_class": base, "base_correct": sum(base_right), "base_accuracy": sum(base_right) / n if n else None,
             "beats_base_rate": sum(right) > sum(base_right), "only_rule_right": only_rule,
             "only_base_right": only_base, "mcnemar_p": mcnemar}
 
 
-def ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
+def sign_test_p(positive: int, negative: int) -> float:
+    """Two-sided exact binomial p of `positive` of positive + negative at probability 1/2 (1.0 when none).
+
+    Valid only when the signs are independent (one per seed, say), not for domains scored on the same runs.
+    """
+    m = positive + negative
+    return 1.0 if m == 0 else float(scipy_stats.binomtest(positive, m, 0.5).pvalue)
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Spearman's rank correlation (ties at mean ranks); None with fewer than 3 pairs or a constant side."""
-    if len(xs) != len(ys) or len(xs) < 3:
+    if len(xs) != len(ys) or len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return None
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
+    return float(scipy_stats.spearmanr(xs, ys).statistic)
 
 
 def ranker_vs_trivial(signal: Sequence[float], target: Sequence[float], trivial: Sequence[float]) -> dict[str, Any]:
