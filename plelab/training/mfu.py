@@ -16,19 +16,31 @@ FLOPs per trained token (forward + backward, the PaLM / nanoGPT convention):
   training. It counts the full T x T score matrix (no halving for the causal mask), as PaLM does, so
   MFU figures compare with the published ones. T is the training sequence length.
 
-The peak is measured, not taken from a data sheet: a square fp32 GEMM on this machine with torch's
-current thread count, best of several repeats. MFU = tokens/s * FLOPs per token / peak.
+The peak is measured, not taken from a data sheet: a square GEMM (the run's precision) on this machine with
+torch's current thread count, best of several repeats. One start's measurement reads low when other processes
+share the cores, which would make the MFU read high, so the peak a run divides by is the best any run has measured
+on this CPU (model, features, torch version, precision, threads), kept in plelab's cache folder
+(`machine_peak`). MFU = tokens/s * FLOPs per token / peak.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from plelab.model.config import ModelConfig
 from plelab.model.params import train_matmul_macs_per_token
+from plelab.util.cbuild import cpu_identity
+from plelab.util.fs import atomic_write_bytes, cache_dir
+
+PEAKS_FILE = "gemm_peaks.json"
+"""In plelab's cache folder: the best GEMM peak measured per CPU, precision and thread count."""
 
 
 def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.0) -> float:
@@ -53,6 +65,61 @@ def measure_matmul_peak(dtype: torch.dtype = torch.float32, size: int = 1024, se
         if repeats >= 1000:
             break
     return flops / best
+
+
+def _cpu_model() -> str:
+    for line in cpu_identity().splitlines():
+        if line.startswith(("model name:", "CPU part:")):
+            return line.split(":", 1)[1].strip()
+    return cpu_identity().splitlines()[0]
+
+
+def _read_peaks(path: Path) -> dict[str, Any] | None:
+    """The cached peaks ({} when there are none yet; None when the file is unreadable, so it is left alone)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def machine_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.3,
+                 cache: Path | None = None) -> dict[str, Any]:
+    """The GEMM peak to compute MFU against: this start's measurement, and the best any run measured on this CPU.
+
+    Returns {"peak": the best (what MFU divides by), "measured": this start's, "measurements": how many runs the
+    best is the best of, "cpu", "threads", "dtype", "file", "note"}. The cache (PLELAB_CACHE, PEAKS_FILE) is keyed
+    by the CPU's model and features, torch's version, the precision and the thread count; a cache that cannot be
+    read or written is left as it is, and the peak is this start's alone (said in "note").
+    """
+    measured = measure_matmul_peak(dtype=dtype, seconds=seconds)
+    threads = torch.get_num_threads()
+    name = str(dtype).removeprefix("torch.")
+    ident = hashlib.sha256(f"{cpu_identity()}\ntorch {torch.__version__}".encode()).hexdigest()[:16]
+    key = f"{ident}/{name}/{threads}"
+    path = cache or cache_dir() / PEAKS_FILE
+    out = {"peak": measured, "measured": measured, "measurements": 1, "cpu": _cpu_model(), "threads": threads,
+           "dtype": name, "file": str(path), "note": ""}
+    peaks = _read_peaks(path)
+    if peaks is None:
+        return {**out, "note": f"{path} is unreadable: this start's peak alone (delete the file to keep a best)"}
+    entry = peaks.get(key) if isinstance(peaks.get(key), dict) else {}
+    best = max(float(entry.get("best", 0.0)), measured)
+    count = int(entry.get("measurements", 0)) + 1
+    # Read again just before writing: runs starting together each keep the larger best.
+    latest = (_read_peaks(path) or {}).get(key)
+    if isinstance(latest, dict):
+        best = max(best, float(latest.get("best", 0.0)))
+    peaks[key] = {"cpu": out["cpu"], "torch": torch.__version__, "dtype": name, "threads": threads, "best": best,
+                  "measurements": count}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(peaks, indent=1, sort_keys=True).encode())
+    except OSError as exc:
+        return {**out, "peak": best, "measurements": count, "note": f"{path} not written ({exc.strerror})"}
+    return {**out, "peak": best, "measurements": count}
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:

@@ -15,7 +15,7 @@ import torch
 
 from plelab.runs.checkpoint import CheckpointError, newest_verified_checkpoint
 from plelab.training.callbacks import Callback, register_callback
-from plelab.training.mfu import measure_matmul_peak, mfu
+from plelab.training.mfu import machine_peak, mfu
 
 
 def format_eta(seconds: float) -> str:
@@ -25,7 +25,8 @@ def format_eta(seconds: float) -> str:
 
 
 class SpeedMonitor(Callback):
-    """Adds tokens_per_s and, on CPU, MFU against a matmul peak measured once at the start of the run."""
+    """Adds tokens_per_s and, on CPU, MFU against the best GEMM peak this CPU has measured (mfu.machine_peak),
+    which the run's first line states."""
 
     def __init__(self, peak_seconds: float = 0.3):
         self.peak_seconds = peak_seconds
@@ -36,7 +37,12 @@ class SpeedMonitor(Callback):
         # against the fp32 peak would report an MFU ~2.4x too high); accelerators have tensor cores.
         if trainer.device.type == "cpu" and self.peak_flops is None:
             dtype = torch.bfloat16 if trainer.precision.name == "bf16" else torch.float32
-            self.peak_flops = measure_matmul_peak(dtype=dtype, seconds=self.peak_seconds)
+            peak = machine_peak(dtype=dtype, seconds=self.peak_seconds)
+            self.peak_flops = peak["peak"]
+            trainer.log_line(
+                f"mfu is against a {peak['dtype']} GEMM peak of {peak['peak'] / 1e9:,.1f} GFLOP/s, the best of "
+                f"{peak['measurements']} measurement(s) on this CPU ({peak['cpu']}, {peak['threads']} threads; "
+                f"this start measured {peak['measured'] / 1e9:,.1f})" + (f"; {peak['note']}" if peak["note"] else ""))
 
     def on_step_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
         cfg = trainer.config

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from plelab.errors import PlelabError
+from plelab.util.fs import cache_dir
 
 
 class CBuildError(PlelabError):
@@ -35,8 +36,7 @@ def c_compiler() -> str:
 
 def cache_root() -> Path:
     """Where built libraries are kept."""
-    root = os.environ.get("PLELAB_CACHE")
-    return Path(root) / "lib" if root else Path.home() / ".cache" / "plelab" / "lib"
+    return cache_dir() / "lib"
 
 
 def cpu_identity() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -59,24 +60,34 @@ def test_trainer_builds_the_callbacks_its_config_asks_for(setup):
     assert "PLEMonitor" in names
 
 
-def test_the_mfu_peak_is_measured_once_per_run(setup, monkeypatch):
-    import plelab.training.standard_callbacks as standard
+def test_the_mfu_peak_is_measured_once_per_run_and_a_busy_start_divides_by_the_cpus_best(setup, monkeypatch,
+                                                                                           tmp_path, capsys):
+    import plelab.training.mfu as mfu_module
 
-    calls = []
-    monkeypatch.setattr(standard, "measure_matmul_peak", lambda **kw: calls.append(kw) or 1e9)
-    cfg = load_train_config(write_config(setup, max_steps=12, log_every=2))
-    Trainer(cfg, setup / "run").run()
-    assert len(calls) == 1
-    line = (setup / "run" / "metrics.jsonl").read_text().splitlines()[0]
-    assert '"mfu"' in line
+    monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))
+    calls, peaks = [], iter([2e9, 1e9])  # the second run starts while the machine is busy: half the peak
+    monkeypatch.setattr(mfu_module, "measure_matmul_peak", lambda **kw: calls.append(kw) or next(peaks))
+    per_token_s = []  # MFU per token/s: FLOPs per token / the peak divided by
+    for run in ("run", "busy"):
+        cfg = load_train_config(write_config(setup, max_steps=12, log_every=2))
+        Trainer(cfg, setup / run).run()
+        first = json.loads((setup / run / "metrics.jsonl").read_text().splitlines()[0])
+        per_token_s.append(first["mfu"] / first["tokens_per_s"])
+    assert len(calls) == 2
+    # the busy start divides by the CPU's best (2 GFLOP/s), not by its own 1: its MFU does not read double
+    assert per_token_s[1] == pytest.approx(per_token_s[0], rel=1e-9)
+    out = capsys.readouterr().out
+    assert "GEMM peak of 2.0 GFLOP/s, the best of 2 measurement(s) on this CPU" in out
+    assert "this start measured 1.0" in out
 
 
 @pytest.mark.parametrize("dtype, want", [("fp32", "float32"), ("bf16", "bfloat16")])
-def test_the_mfu_peak_is_measured_in_the_precision_the_run_computes_in(setup, monkeypatch, dtype, want):
-    import plelab.training.standard_callbacks as standard
+def test_the_mfu_peak_is_measured_in_the_precision_the_run_computes_in(setup, monkeypatch, tmp_path, dtype, want):
+    import plelab.training.mfu as mfu_module
 
+    monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))
     calls = []
-    monkeypatch.setattr(standard, "measure_matmul_peak", lambda **kw: calls.append(kw) or 1e9)
+    monkeypatch.setattr(mfu_module, "measure_matmul_peak", lambda **kw: calls.append(kw) or 1e9)
     cfg = load_train_config(write_config(setup, max_steps=2, log_every=1, dtype=dtype))
     Trainer(cfg, setup / "run").run()
     assert str(calls[0]["dtype"]).endswith(want)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -13,7 +14,8 @@ from plelab.model.config import FFN_KINDS
 from plelab.model.ffn import build_ffn
 from plelab.model.params import ffn_train_macs_per_token, train_matmul_macs_per_token
 from plelab.model.presets import load_model_config
-from plelab.training.mfu import measure_matmul_peak, mfu, train_flops_per_token
+from plelab.training import mfu as mfu_module
+from plelab.training.mfu import machine_peak, measure_matmul_peak, mfu, train_flops_per_token
 
 # H=256, 4 layers, 8 heads (head dim 32) / 4 kv heads, SwiGLU 688, V=8192, tied, T=256: the benchmark size.
 BENCH = dict(
@@ -103,3 +105,25 @@ def test_measure_peak_is_quick_and_positive() -> None:
     assert math.isfinite(peak) and peak > 0
     with pytest.raises(ValueError):
         measure_matmul_peak(size=0)
+
+
+def test_the_peak_is_the_best_this_cpu_has_measured_kept_per_precision_and_threads(tmp_path, monkeypatch):
+    cache = tmp_path / "peaks.json"
+    measured = iter([5e9, 2e9, 7e9, 3e9])  # the second start shares the cores with another run
+    monkeypatch.setattr(mfu_module, "measure_matmul_peak", lambda **kw: next(measured))
+    got = [machine_peak(cache=cache) for _ in range(3)]
+    assert [g["peak"] for g in got] == [5e9, 5e9, 7e9] and [g["measurements"] for g in got] == [1, 2, 3]
+    assert got[1]["measured"] == 2e9 and got[1]["note"] == ""
+    bf16 = machine_peak(torch.bfloat16, cache=cache)  # another precision: a peak of its own
+    assert bf16["peak"] == 3e9 and bf16["measurements"] == 1 and bf16["dtype"] == "bfloat16"
+    entries = json.loads(cache.read_text())
+    assert sorted(e["best"] for e in entries.values()) == [3e9, 7e9]
+    assert all(e["threads"] == torch.get_num_threads() for e in entries.values())
+
+
+def test_an_unreadable_peak_cache_is_left_alone_and_said(tmp_path, monkeypatch):
+    cache = tmp_path / "peaks.json"
+    cache.write_text("{not json")
+    monkeypatch.setattr(mfu_module, "measure_matmul_peak", lambda **kw: 4e9)
+    got = machine_peak(cache=cache)
+    assert got["peak"] == 4e9 and "unreadable" in got["note"] and cache.read_text() == "{not json"
