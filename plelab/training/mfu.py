@@ -36,8 +36,8 @@ import torch
 
 from plelab.model.config import ModelConfig
 from plelab.model.params import train_matmul_macs_per_token
-from plelab.util.cbuild import cpu_identity
-from plelab.util.fs import atomic_write_bytes, cache_dir
+from plelab.util.cbuild import cache_root, cpu_identity
+from plelab.util.fs import atomic_write_bytes
 
 PEAKS_FILE = "gemm_peaks.json"
 """In plelab's cache folder: the best GEMM peak measured per CPU, precision and thread count."""
@@ -99,7 +99,7 @@ def machine_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.3,
     name = str(dtype).removeprefix("torch.")
     ident = hashlib.sha256(f"{cpu_identity()}\ntorch {torch.__version__}".encode()).hexdigest()[:16]
     key = f"{ident}/{name}/{threads}"
-    path = cache or cache_dir() / PEAKS_FILE
+    path = cache or cache_root().parent / PEAKS_FILE  # beside the compiled helpers: $PLELAB_CACHE, ~/.cache/plelab
     out = {"peak": measured, "measured": measured, "measurements": 1, "cpu": _cpu_model(), "threads": threads,
            "dtype": name, "file": str(path), "note": ""}
     peaks = _read_peaks(path)

@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 from plelab.errors import PlelabError
-from plelab.util.fs import cache_dir
 
 
 class CBuildError(PlelabError):
@@ -36,7 +35,8 @@ def c_compiler() -> str:
 
 def cache_root() -> Path:
     """Where built libraries are kept."""
-    return cache_dir() / "lib"
+    root = os.environ.get("PLELAB_CACHE")
+    return Path(root) / "lib" if root else Path.home() / ".cache" / "plelab" / "lib"
 
 
 def cpu_identity() -> str:

@@ -87,13 +87,6 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644) -> None
         f.write(data)
 
 
-def cache_dir() -> Path:
-    """plelab's machine-local cache ($PLELAB_CACHE, else ~/.cache/plelab): what is rebuilt or measured again when
-    it is lost (compiled helpers, the machine's GEMM peak)."""
-    root = os.environ.get("PLELAB_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "plelab"
-
-
 def pid_alive(pid: int) -> bool:
     """Whether a process with this id exists (used to tell stale lock/staging folders from live ones)."""
     try:
