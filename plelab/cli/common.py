@@ -8,10 +8,12 @@ import sys
 from typing import Any
 
 
-def add_command(sub, name: str, help: str, example: str, func) -> argparse.ArgumentParser:
-    """Register a subcommand whose --help ends with a runnable example."""
+def add_command(sub, name: str, help: str, example: str, func,
+                aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """Register a subcommand whose --help ends with a runnable example (`aliases`: former names that still work)."""
     p = sub.add_parser(
         name,
+        aliases=list(aliases),
         help=help.replace("%", "%%"),  # argparse %-formats the listing's help (a "95 %" would crash `plelab --help`)
         description=help,
         epilog=f"Example:\n  {example}",

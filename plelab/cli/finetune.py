@@ -117,11 +117,11 @@ def finetune_base(folder: str, base: str | None) -> str | None:
     return (read_record(Path(folder)) or {}).get("base")
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    """`plelab plan-train --finetune PATH`: one device's memory for a LoRA fine-tune, table on disk vs on device."""
+def run_memory(args: argparse.Namespace) -> int:
+    """`plelab train-memory --finetune PATH`: one device's memory for a LoRA fine-tune, table on disk vs on device."""
     from plelab.hf.finetune.config import FinetuneConfig, model_config_of
-    from plelab.hf.finetune.memory import PUBLIC_REPORT, CheckpointShape, FinetunePlan, gib, plan_finetune
-    from plelab.training.memory_plan import GiB
+    from plelab.hf.finetune.memory import PUBLIC_REPORT, CheckpointShape, FinetuneMemoryRequest, finetune_memory, gib
+    from plelab.training.memory import GiB
     from plelab.util.dataclass_config import apply_overrides, from_dict, read_file, to_dict
 
     shape = CheckpointShape.of(args.finetune)
@@ -129,10 +129,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if "model" in data or "tokenizer" in data:
         raise PlelabError("model and tokenizer come from the checkpoint (--finetune PATH); do not set them")
     cfg = from_dict(FinetuneConfig, {**data, "model": to_dict(model_config_of(shape))})
-    req = FinetunePlan(shape, cfg.finetune, cfg.batch_size, cfg.context, cfg.dtype != "fp32",
+    req = FinetuneMemoryRequest(shape, cfg.finetune, cfg.batch_size, cfg.context, cfg.dtype != "fp32",
                        args.activation_checkpointing or cfg.activation_checkpointing, args.touched_rows,
                        args.overhead_gb * GiB, args.gpu_memory)
-    plan = plan_finetune(req)
+    plan = finetune_memory(req)
     plan["public_report"] = PUBLIC_REPORT
     if args.json:
         print_json({"finetune": str(args.finetune), "overrides": args.overrides, **plan})

@@ -17,7 +17,7 @@ COMMANDS = {
     "data": "plelab.cli.data",
     "train": "plelab.cli.train",
     "finetune": "plelab.cli.finetune",
-    "plan-train": "plelab.cli.plan_train",
+    "train-memory": "plelab.cli.train_memory",
     "eval": "plelab.cli.evaluate",
     "generate": "plelab.cli.generate",
     "diagnose": "plelab.cli.diagnose",
@@ -32,6 +32,8 @@ COMMANDS = {
     "run": "plelab.cli.edge",
     "vision": "plelab.cli.vision",
 }
+ALIASES = {"plan-train": "train-memory"}
+"""Former command names that still work (the module registers them as argparse aliases)."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -56,6 +58,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog="Example: plelab params seed-3b --sweep-ple 0,64,128,256,512",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    command = ALIASES.get(command, command)
     modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
     for module in modules:
         try:

@@ -2,7 +2,7 @@
 
 `VisionTrainConfig` subclasses plelab.training.config.TrainConfig with section "vision", so `load_train_config`
 picks it for a config whose `[vision]` names a corpus, once this module is imported (`import plelab.vision`
-does; `plelab train`, `plelab sweep` and `plelab plan-train` do). Training itself never imports vision.
+does; `plelab train`, `plelab sweep` and `plelab train-memory` do). Training itself never imports vision.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from plelab.cli.main import COMMANDS, build_parser, main
+from plelab.cli.main import ALIASES, COMMANDS, build_parser, main
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -18,6 +18,14 @@ def test_every_subcommand_has_help_with_an_example(command, capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "Example:" in out and f"plelab {command}" in out.split("Example:", 1)[1]
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_a_former_command_name_shows_the_current_ones_help(alias, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([alias, "--help"])
+    assert exit_.value.code == 0
+    assert f"plelab {ALIASES[alias]}" in capsys.readouterr().out.split("Example:", 1)[1]
 
 
 def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
@@ -32,7 +40,7 @@ def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 def test_top_level_help_and_every_nested_help_render():
     # A subcommand's help is %-formatted in the listing, so "95 % interval" once crashed `plelab --help`.
     parsers = list(_parsers(build_parser()))
-    assert {path[0] for path, _ in parsers if path} == set(COMMANDS)
+    assert {path[0] for path, _ in parsers if path} == set(COMMANDS) | set(ALIASES)
     assert any(len(path) == 2 for path, _ in parsers)  # nested ones (`plelab data prepare`) are walked too
     for path, parser in parsers:
         text = parser.format_help()

@@ -8,7 +8,7 @@
     adapter.py      the peft adapter folder (names of the checkpoint's own layout) and its record
     merge.py        --merge: adapters and delta folded into a Hugging Face folder, streamed shard by shard
     checks.py       refusals before anything is written (targets, data tokenizer, ...)
-    memory.py       plan-train --finetune: per-device memory with and without the table on the device
+    memory.py       train-memory --finetune: per-device memory with and without the table on the device
     compare.py      diagnose --hf on a merged folder: did fine-tuning change how much the PLE is used?
 
 Command: `plelab finetune` (plelab/cli/finetune.py); user guide: docs/finetune.md. Needs transformers and

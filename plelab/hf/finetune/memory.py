@@ -1,4 +1,4 @@
-"""Per-device memory of a LoRA fine-tune (`plelab plan-train --finetune PATH`), with the PLE table on disk (what
+"""Per-device memory of a LoRA fine-tune (`plelab train-memory --finetune PATH`), with the PLE table on disk (what
 `plelab finetune` does) and on the device (what frameworks do), for a checkpoint folder or a config.json alone.
 
 Parameter counts are exact: the checkpoint's transformers model is built on the 'meta' device (no memory),
@@ -7,7 +7,7 @@ pass on 'meta' tensors of the micro-batch's shape, with a saved-tensors hook add
 autograd keeps for backward (parameters excluded), attention through the SDPA path `plelab finetune` uses.
 On a real CUDA device the flash / memory-efficient kernels keep the attention output and a log-sum-exp per
 head and position; on 'meta' SDPA's math path may keep the T x T probabilities instead, so the measured figure
-is an upper bound where that happens (tests/hf/test_finetune_plan.py compares it with a real CPU pass).
+is an upper bound where that happens (tests/hf/test_finetune_memory_estimate.py compares it with a real CPU pass).
 With activation checkpointing, each decoder layer keeps its input and one layer's activations exist at a
 time: measured per layer (hooks on the layers), the estimate is the non-layer part + every layer's input +
 the largest layer's activations.
@@ -48,7 +48,7 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class CheckpointShape:
-    """What planning needs of a checkpoint: its family and text config (a folder, or a config.json alone)."""
+    """What the estimate needs of a checkpoint: its family and text config (a folder, or a config.json alone)."""
 
     path: Path
     family: str
@@ -85,8 +85,8 @@ class CheckpointShape:
 
 
 @dataclass
-class FinetunePlan:
-    """What to plan: the checkpoint shape, the fine-tuning settings and the step's shape."""
+class FinetuneMemoryRequest:
+    """What to estimate: the checkpoint shape, the fine-tuning settings and the step's shape."""
 
     shape: CheckpointShape
     settings: FinetuneSettings = field(default_factory=FinetuneSettings)
@@ -208,8 +208,8 @@ def shape_streams(lm: nn.Module) -> int:
     return getattr(lm.config, "altup_num_inputs", 1) if hasattr(lm.model, "altup_projections") else 1
 
 
-def plan_finetune(req: FinetunePlan) -> dict[str, Any]:
-    """The plan as a JSON-friendly dict (see the module docstring for every part)."""
+def finetune_memory(req: FinetuneMemoryRequest) -> dict[str, Any]:
+    """The estimate as a JSON-friendly dict (see the module docstring for every part)."""
     dtype = torch.bfloat16 if req.bf16 else torch.float32
     b = 2 if req.bf16 else 4
     s = req.settings

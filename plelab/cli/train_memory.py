@@ -1,4 +1,4 @@
-"""`plelab plan-train`: per-GPU memory of a DDP/FSDP training run, the micro-batch that fits, and GPU-hours."""
+"""`plelab train-memory`: per-GPU memory of a DDP/FSDP training run, the micro-batch that fits, and GPU-hours."""
 
 from __future__ import annotations
 
@@ -29,28 +29,29 @@ def memory_size(text: str) -> float:
 
 
 def add_parser(sub) -> None:
-    """Register `plelab plan-train`."""
-    from plelab.training.memory_plan import DEFAULT_GPU, GPU_PEAKS
+    """Register `plelab train-memory` (`plan-train`, its former name, still works)."""
+    from plelab.training.memory import DEFAULT_GPU, GPU_PEAKS
 
     peaks = ", ".join(f"{k} {v / 1e12:g}" for k, v in GPU_PEAKS.items())
     p = add_command(
-        sub, "plan-train",
-        "Plan a multi-GPU training run: per-rank memory by part (DDP or FSDP, vocabulary-sharded PLE table), "
-        "whether it fits, the largest micro-batch, tokens/s at an assumed MFU and GPU-hours for a token budget.",
-        "plelab plan-train seed-3b --set model.ple.dim=512 --global-batch 4096 --gpus 8 --gpu-memory 80GB "
+        sub, "train-memory",
+        "Memory and time of a multi-GPU training run: per-rank memory by part (DDP or FSDP, vocabulary-sharded PLE "
+        "table), whether it fits, the largest micro-batch, tokens/s at an assumed MFU and GPU-hours for a token "
+        "budget. (Its former name, plan-train, still works.)",
+        "plelab train-memory seed-3b --set model.ple.dim=512 --global-batch 4096 --gpus 8 --gpu-memory 80GB "
         "--tokens 400e9\n"
-        "  plelab plan-train configs/small-ple.toml --gpus 2 --gpu-memory 24GB --strategy ddp --json\n"
-        "  plelab plan-train --finetune ~/models/gemma-3n-E2B --gpu-memory 24GB --set batch_size=4 "
+        "  plelab train-memory configs/small-ple.toml --gpus 2 --gpu-memory 24GB --strategy ddp --json\n"
+        "  plelab train-memory --finetune ~/models/gemma-3n-E2B --gpu-memory 24GB --set batch_size=4 "
         "--set seq_len=1024\n\n"
-        "Formulas and assumptions: plelab/training/memory_plan.py; the 3B sweep: docs/scaling.md.",
-        run,
+        "Formulas and assumptions: plelab/training/memory.py; the 3B sweep: docs/scaling.md.",
+        run, aliases=("plan-train",),
     )
     p.add_argument("config", nargs="?",
                    help="training config (TOML/YAML/JSON) or a model preset (seed-3b, small-ple, ...); with "
                    "--finetune, an optional fine-tuning config")
     p.add_argument("--finetune", metavar="PATH",
-                   help="plan LoRA fine-tuning (plelab finetune) of a Hugging Face Gemma 3n / Gemma 4 folder or its "
-                   "config.json: one device's memory with the PLE table on disk and on the device; --set "
+                   help="the memory of LoRA fine-tuning (plelab finetune) of a Hugging Face Gemma 3n / Gemma 4 folder "
+                   "or its config.json: one device's memory with the PLE table on disk and on the device; --set "
                    "batch_size / seq_len / finetune.rank / finetune.targets / finetune.table ... as for finetune")
     p.add_argument("--touched-rows", type=options.positive_int,
                    help="with --finetune and finetune.table=sparse: table rows the data touches (default: all)")
@@ -95,58 +96,58 @@ def _gib(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plan."""
-    from plelab.training.memory_plan import GPU_PEAKS, GiB, PlanRequest, plan_training
+    """Print the estimate."""
+    from plelab.training.memory import GPU_PEAKS, GiB, MemoryRequest, training_memory
 
     if args.finetune:
-        from plelab.cli.finetune import run_plan
+        from plelab.cli.finetune import run_memory
 
-        return run_plan(args)
+        return run_memory(args)
     if not args.config:
         from plelab.errors import PlelabError
 
-        raise PlelabError("give a training config or preset (or --finetune PATH to plan a fine-tune)")
+        raise PlelabError("give a training config or preset (or --finetune PATH for a fine-tune)")
     train = _train_config(args.config, args.overrides)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else GPU_PEAKS[args.gpu]
     parallel = getattr(train, "parallel", "none")
     strategy = args.strategy or (parallel if parallel in ("ddp", "fsdp") else "auto")
     checkpointing = args.activation_checkpointing or bool(getattr(train, "activation_checkpointing", False))
-    req = PlanRequest(train, args.gpus, args.gpu_memory, strategy, args.micro_batch, checkpointing, args.mfu,
+    req = MemoryRequest(train, args.gpus, args.gpu_memory, strategy, args.micro_batch, checkpointing, args.mfu,
                       peak, args.tokens, args.global_batch, args.overhead_gb * GiB)
-    plan = plan_training(req)
+    est = training_memory(req)
     if args.json:
-        print_json({"config": args.config, "overrides": args.overrides, **plan})
-        return _fit_status(plan)
-    m = plan["model"]
+        print_json({"config": args.config, "overrides": args.overrides, **est})
+        return _fit_status(est)
+    m = est["model"]
     print(f"{args.config}: {m['params_total']:,} params ({m['ple_table']:,} in the PLE table, dP {m['ple_dim']}), "
-          f"seq {m['seq_len']}, {plan['precision']}")
-    print(f"{args.gpus} GPUs x {args.gpu_memory / 1e9:g} GB, {plan['strategy']} ({plan['strategy_choice']}), "
-          f"global batch {plan['global_batch_sequences']} seqs = {plan['sequences_per_rank_per_step']}/rank: "
-          f"micro-batch {plan['micro_batch']} x grad_accum {plan['grad_accum']}"
-          + (", activation checkpointing" if plan["activation_checkpointing"] else ""))
-    for part, n in plan["per_rank_bytes"].items():
+          f"seq {m['seq_len']}, {est['precision']}")
+    print(f"{args.gpus} GPUs x {args.gpu_memory / 1e9:g} GB, {est['strategy']} ({est['strategy_choice']}), "
+          f"global batch {est['global_batch_sequences']} seqs = {est['sequences_per_rank_per_step']}/rank: "
+          f"micro-batch {est['micro_batch']} x grad_accum {est['grad_accum']}"
+          + (", activation checkpointing" if est["activation_checkpointing"] else ""))
+    for part, n in est["per_rank_bytes"].items():
         if part != "total":
             print(f"  {part.replace('_', ' '):<22} {_gib(n)}")
-    verdict = "fits" if plan["fits"] else "DOES NOT FIT"
-    print(f"  {'total per rank':<22} {_gib(plan['per_rank_bytes']['total'])}  {verdict}")
-    largest = ", ".join(f"{k} {v}" for k, v in plan["max_micro_batch"].items())
-    print(f"largest micro-batch that fits (dividing {plan['sequences_per_rank_per_step']} per rank): {largest}")
+    verdict = "fits" if est["fits"] else "DOES NOT FIT"
+    print(f"  {'total per rank':<22} {_gib(est['per_rank_bytes']['total'])}  {verdict}")
+    largest = ", ".join(f"{k} {v}" for k, v in est["max_micro_batch"].items())
+    print(f"largest micro-batch that fits (dividing {est['sequences_per_rank_per_step']} per rank): {largest}")
     if m["ple_table"]:
-        print(f"vocabulary-sharded PLE table saves {_gib(plan['ple_table_sharding_saves_bytes']).strip()} per rank "
+        print(f"vocabulary-sharded PLE table saves {_gib(est['ple_table_sharding_saves_bytes']).strip()} per rank "
               "against a replicated one")
-    print(f"{plan['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {plan['tokens_per_s']:,.0f} in all at MFU "
+    print(f"{est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {est['tokens_per_s']:,.0f} in all at MFU "
           f"{args.mfu:g} of {peak / 1e12:g} TFLOP/s")
-    if "gpu_hours" in plan:
-        print(f"{args.tokens:.3g} tokens: {plan['gpu_hours']:,.0f} GPU-hours ({plan['wall_hours']:,.1f} h wall)")
-    if "note" in plan:
-        print(f"note: {plan['note']}")
-    return _fit_status(plan)
+    if "gpu_hours" in est:
+        print(f"{args.tokens:.3g} tokens: {est['gpu_hours']:,.0f} GPU-hours ({est['wall_hours']:,.1f} h wall)")
+    if "note" in est:
+        print(f"note: {est['note']}")
+    return _fit_status(est)
 
 
-def _fit_status(plan: dict) -> int:
-    """0 when the plan fits; else a hint on stderr and 1 (a valid answer, not a usage error)."""
-    if plan["fits"]:
+def _fit_status(est: dict) -> int:
+    """0 when the run fits; else a hint on stderr and 1 (a valid answer, not a usage error)."""
+    if est["fits"]:
         return 0
-    print("plelab plan-train: the plan does not fit in GPU memory; try --strategy fsdp, "
+    print("plelab train-memory: the run does not fit in GPU memory; try --strategy fsdp, "
           "--activation-checkpointing, a smaller --micro-batch or more --gpus", file=sys.stderr)
     return 1

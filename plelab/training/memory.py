@@ -1,4 +1,5 @@
-"""Training memory and time planner: per-rank bytes of a DDP or FSDP run, the micro-batch that fits, GPU-hours.
+"""Training memory and time (`plelab train-memory`): per-rank bytes of a DDP or FSDP run, the micro-batch that fits,
+GPU-hours.
 
 Every figure is bytes on one rank (GPU). P = trainable parameters without the PLE table, as the model is
 built for training (a pruned FFN at intermediate_size, not the prune_to it ships at), P_mm = the ones in
@@ -32,7 +33,7 @@ W = L_ple * dP the table's row width, a = bytes per activation element (2 under 
   terms L*H, L*F, L*q, L*kv, L*heads, L (each decoder layer: q = heads * head_dim, kv = kv_heads *
   head_dim), Lp*H, Lp*dP, Lp (PLE front end and injections), H, V, 1 (embedding, final norm, the fp32
   log-softmax of the loss: 4 V per token). The coefficients were counted tensor by tensor on this code
-  (exact on CPU: tests/training/test_memory_plan.py re-measures unseen configs) for the SwiGLU FFN and the
+  (exact on CPU: tests/training/test_training_memory.py re-measures unseen configs) for the SwiGLU FFN and the
   Gemma-form PLE (input gate, context projection, output norm); other variants are approximated by them.
   With activation checkpointing of every decoder layer (non-reentrant), a layer keeps only its fp32 input,
   4 H per token, and backward recomputes one layer (with its PLE injection) at a time; the PLE front end
@@ -145,8 +146,8 @@ Strategy = Literal["auto", "ddp", "fsdp"]
 
 
 @dataclass(frozen=True)
-class PlanRequest:
-    """What to plan: the run's config, the cluster, the strategy and the assumptions."""
+class MemoryRequest:
+    """What to estimate: the run's config, the cluster, the strategy and the assumptions."""
 
     train: TrainConfig
     gpus: int = 8
@@ -167,12 +168,12 @@ class PlanRequest:
             raise PlelabError("gpus >= 1, gpu_memory > 0, 0 < mfu <= 1 and peak_flops > 0 are required")
 
 
-def sequences(req: PlanRequest) -> int:
+def sequences(req: MemoryRequest) -> int:
     """Sequences per optimizer step over all ranks: --global-batch, else batch_size * grad_accum of the config."""
     return req.global_batch if req.global_batch is not None else req.train.batch_size * req.train.grad_accum
 
 
-def rank_memory(req: PlanRequest, strategy: str, micro_batch: int, grad_accum: int,
+def rank_memory(req: MemoryRequest, strategy: str, micro_batch: int, grad_accum: int,
                 replicated_table: bool = False) -> dict[str, float]:
     """Per-rank bytes by part for `strategy` at `micro_batch` sequences per micro-step."""
     cfg, N = req.train.model, req.gpus
@@ -207,7 +208,7 @@ def rank_memory(req: PlanRequest, strategy: str, micro_batch: int, grad_accum: i
     return parts
 
 
-def max_micro_batch(req: PlanRequest, strategy: str, per_rank: int) -> int:
+def max_micro_batch(req: MemoryRequest, strategy: str, per_rank: int) -> int:
     """Largest micro-batch (sequences) dividing `per_rank` whose total fits in gpu_memory; 0 if none."""
     for mb in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):
         if rank_memory(req, strategy, mb, per_rank // mb)["total"] <= req.gpu_memory:
@@ -215,8 +216,8 @@ def max_micro_batch(req: PlanRequest, strategy: str, per_rank: int) -> int:
     return 0
 
 
-def plan_training(req: PlanRequest) -> dict[str, Any]:
-    """The whole plan as a JSON-friendly dict (see the module docstring for every formula)."""
+def training_memory(req: MemoryRequest) -> dict[str, Any]:
+    """The whole estimate as a JSON-friendly dict (see the module docstring for every formula)."""
     cfg, N = req.train.model, req.gpus
     seqs = sequences(req)
     if seqs % N:

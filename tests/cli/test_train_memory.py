@@ -1,4 +1,4 @@
-"""`plelab plan-train`: JSON and text output, exit status for plans that do not fit, one-line input errors."""
+"""`plelab train-memory`: JSON and text output, exit status for runs that do not fit, one-line input errors."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import json
 import pytest
 
 from plelab.cli.main import main
-from plelab.cli.plan_train import memory_size
+from plelab.cli.train_memory import memory_size
 
 SWEEP = ["seed-3b", "--set", "model.ple.dim=512", "--global-batch", "4096", "--gpus", "8", "--gpu-memory", "80GB"]
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(["plan-train", *argv])
+def run(capsys, *argv: str, command: str = "train-memory") -> tuple[int, str, str]:
+    code = main([command, *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_json_plan_of_the_published_3b_run(capsys):
+def test_json_estimate_of_the_published_3b_run(capsys):
     code, out, _ = run(capsys, *SWEEP, "--tokens", "400e9", "--json")
     plan = json.loads(out)
     assert code == 0 and plan["fits"]
@@ -67,7 +67,7 @@ def test_a_training_config_file_works(tmp_path, capsys):
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     base = ["seed-3b", "--global-batch", "4096"]
     try:
-        code = main(["plan-train", *base, *argv])
+        code = main(["train-memory", *base, *argv])
     except SystemExit as exc:  # argparse's own errors
         code = exc.code
     err = capsys.readouterr().err
@@ -90,13 +90,13 @@ def test_bad_memory_sizes(text):
 
 def test_help_has_an_example(capsys):
     with pytest.raises(SystemExit):
-        main(["plan-train", "--help"])
+        main(["train-memory", "--help"])
     out = capsys.readouterr().out
-    assert "Example:" in out and "plelab plan-train seed-3b" in out and "--activation-checkpointing" in out
+    assert "Example:" in out and "plelab train-memory seed-3b" in out and "--activation-checkpointing" in out
 
 
 def test_docs_scaling_is_what_the_planner_says():
-    """docs/scaling.md is generated from `plan-train --json`; a change to the planner must regenerate it."""
+    """docs/scaling.md is generated from `train-memory --json`; a change to the estimate must regenerate it."""
     import importlib.util
     from pathlib import Path
 
@@ -114,3 +114,8 @@ def test_strategy_and_checkpointing_default_to_the_config(tmp_path, capsys):
     assert plan["strategy"] == "fsdp" and plan["strategy_choice"] == "given" and plan["activation_checkpointing"]
     plan = json.loads(run(capsys, str(cfg), "--gpus", "2", "--strategy", "ddp", "--json")[1])
     assert plan["strategy"] == "ddp"
+
+
+def test_the_former_name_plan_train_still_runs_it(capsys):
+    assert run(capsys, "seed-3b", "--gpus", "8", "--json")[1] == run(capsys, "seed-3b", "--gpus", "8", "--json",
+                                                                      command="plan-train")[1]

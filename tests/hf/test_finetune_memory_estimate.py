@@ -1,4 +1,4 @@
-"""`plelab plan-train --finetune`: exact parameter counts, activations measured on 'meta' equal to what a real
+"""`plelab train-memory --finetune`: exact parameter counts, activations measured on 'meta' equal to what a real
 CPU forward keeps (tiny configs with Gemma 3n's KV sharing, sliding windows and activation sparsity), and the
 published Gemma 3n E2B / E4B shapes from their config.json alone (the table's saving is exactly its bytes)."""
 
@@ -69,7 +69,7 @@ def _e2b_e4b(tmp_path) -> dict:
 @pytest.mark.parametrize(("name", "layers"), [("E2B", 30), ("E4B", 35)])
 def test_published_shapes_from_config_json(tmp_path, capsys, name, layers):
     config = _e2b_e4b(tmp_path)[name]
-    argv = ["plan-train", "--finetune", str(config), "--gpu-memory", "24GB", "--set", "batch_size=1",
+    argv = ["train-memory", "--finetune", str(config), "--gpu-memory", "24GB", "--set", "batch_size=1",
             "--set", "seq_len=512"]
     assert main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -86,10 +86,11 @@ def test_published_shapes_from_config_json(tmp_path, capsys, name, layers):
 
 def test_plan_of_a_checkpoint_folder_and_bad_input(make_gemma, capsys):
     folder = make_gemma("gemma4")
-    assert main(["plan-train", "--finetune", str(folder), "--set", "seq_len=64", "--set", "finetune.table=sparse",
+    assert main(["train-memory", "--finetune", str(folder), "--set", "seq_len=64", "--set", "finetune.table=sparse",
                  "--touched-rows", "100", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["model"]["table_bytes_on_disk"] == 320 * 16 * 4
     assert r["table_on_disk_bytes"]["table_delta"] == 12 * 100 * 16
-    assert main(["plan-train", "--finetune", str(folder), "--set", "seq_len=64", "--set", "finetune.targets=nope"]) == 2
+    assert main(["train-memory", "--finetune", str(folder), "--set", "seq_len=64",
+                 "--set", "finetune.targets=nope"]) == 2
     assert "no linear layer named 'nope'" in capsys.readouterr().err

@@ -17,14 +17,14 @@ from plelab.errors import PlelabError
 from plelab.model.params import matmul_params
 from plelab.model.transformer import LanguageModel
 from plelab.training.config import load_train_config
-from plelab.training.memory_plan import (
+from plelab.training.memory import (
     GB,
     GiB,
+    MemoryRequest,
     ParamSplit,
-    PlanRequest,
     activation_bytes_per_token,
-    plan_training,
     rank_memory,
+    training_memory,
 )
 from plelab.training.optim import Optimizer, model_config_for
 from plelab.util.device import choose_precision
@@ -69,7 +69,7 @@ def test_activation_estimate_matches_saved_tensors(dtype, dP, batch, seq):
     estimate = batch * seq * activation_bytes_per_token(train.model, act_bytes) + copies
     assert abs(measured - estimate) <= STATED_ERROR * measured, (measured, estimate)
     # The plan's own parts say the same.
-    parts = rank_memory(PlanRequest(train, gpus=1, strategy="ddp"), "ddp", batch, 1)
+    parts = rank_memory(MemoryRequest(train, gpus=1, strategy="ddp"), "ddp", batch, 1)
     if seq == train.context:
         assert abs(parts["activations"] + parts["bf16_weight_copies"] - measured) <= STATED_ERROR * measured
 
@@ -123,7 +123,7 @@ def test_weights_gradients_and_optimizer_state_match_a_real_step(ffn):
                 if torch.is_tensor(t) and t.dim() > 0)
     weights = sum(p.nbytes for p in model.parameters())
 
-    parts = rank_memory(PlanRequest(train, gpus=1, strategy="ddp"), "ddp", B, 1)
+    parts = rank_memory(MemoryRequest(train, gpus=1, strategy="ddp"), "ddp", B, 1)
     assert parts["weights"] + parts["ple_table"] == weights
     assert parts["gradients"] == dense_grads
     assert parts["optimizer"] + parts["ple_table_optimizer"] == state
@@ -136,7 +136,7 @@ def test_table_sharding_divides_the_table_and_its_state_by_the_ranks():
                                "seq_len": 4096})
     s = ParamSplit.of(train.model)
     assert s.table == 100096 * 32 * 512
-    plan = plan_training(PlanRequest(train, gpus=8, gpu_memory=80 * GB, tokens=400e9))
+    plan = training_memory(MemoryRequest(train, gpus=8, gpu_memory=80 * GB, tokens=400e9))
     shard = plan["per_rank_bytes"]
     rows = -(-100096 // 8)
     assert shard["ple_table"] == 4 * rows * 32 * 512 and shard["ple_table_optimizer"] == 8 * rows * 32 * 512
@@ -148,15 +148,16 @@ def test_table_sharding_divides_the_table_and_its_state_by_the_ranks():
     assert shard["ple_exchange_transient"] == 2 * tokens * 4 * 32 * 512
     assert plan["ple_table_sharding_saves_bytes"] == pytest.approx(
         sum(rep.values()) - sum(shard[k] for k in rep) - shard["ple_exchange_transient"], rel=1e-12)
-    one = plan_training(PlanRequest(train, gpus=8, tokens=400e9, global_batch=8))
+    one = training_memory(MemoryRequest(train, gpus=8, tokens=400e9, global_batch=8))
     assert one["per_rank_bytes"]["ple_exchange_transient"] > 0
-    assert plan_training(PlanRequest(train, gpus=1, global_batch=8))["per_rank_bytes"]["ple_exchange_transient"] == 0
+    single = training_memory(MemoryRequest(train, gpus=1, global_batch=8))
+    assert single["per_rank_bytes"]["ple_exchange_transient"] == 0
 
 
 def test_fsdp_shards_the_dense_state_and_fits_more():
     train = load_train_config({"model": {"preset": "seed-3b"}, "batch_size": 4096, "seq_len": 4096})
-    ddp = plan_training(PlanRequest(train, gpus=8, strategy="ddp"))
-    fsdp = plan_training(PlanRequest(train, gpus=8, strategy="fsdp"))
+    ddp = training_memory(MemoryRequest(train, gpus=8, strategy="ddp"))
+    fsdp = training_memory(MemoryRequest(train, gpus=8, strategy="fsdp"))
     assert fsdp["per_rank_bytes"]["optimizer"] == pytest.approx(ddp["per_rank_bytes"]["optimizer"] / 8)
     assert fsdp["max_micro_batch"]["fsdp"] >= ddp["max_micro_batch"]["ddp"] >= 1
     assert fsdp["fits"] and ddp["fits"]
@@ -164,19 +165,19 @@ def test_fsdp_shards_the_dense_state_and_fits_more():
 
 def test_the_micro_batch_chosen_is_the_largest_that_fits_and_divides():
     train = load_train_config({"model": {"preset": "seed-3b"}, "batch_size": 4096, "seq_len": 4096})
-    req = PlanRequest(train, gpus=8, strategy="fsdp", activation_checkpointing=True)
-    plan = plan_training(req)
+    req = MemoryRequest(train, gpus=8, strategy="fsdp", activation_checkpointing=True)
+    plan = training_memory(req)
     mb = plan["micro_batch"]
     assert 512 % mb == 0 and plan["fits"]
     bigger = next(d for d in range(mb + 1, 513) if 512 % d == 0)
     assert rank_memory(req, "fsdp", bigger, 512 // bigger)["total"] > req.gpu_memory
-    tight = plan_training(PlanRequest(train, gpus=8, gpu_memory=8 * GB, strategy="ddp"))
+    tight = training_memory(MemoryRequest(train, gpus=8, gpu_memory=8 * GB, strategy="ddp"))
     assert not tight["fits"] and tight["max_micro_batch"] == {"ddp": 0}
 
 
 def test_throughput_and_gpu_hours_follow_the_stated_formula():
     train = load_train_config({"model": {"preset": "seed-3b"}, "batch_size": 4096, "seq_len": 4096})
-    plan = plan_training(PlanRequest(train, gpus=8, mfu=0.5, peak_flops=1e15, tokens=1e12))
+    plan = training_memory(MemoryRequest(train, gpus=8, mfu=0.5, peak_flops=1e15, tokens=1e12))
     per_gpu = 0.5 * 1e15 / plan["train_flops_per_token"]
     assert plan["tokens_per_s_per_gpu"] == pytest.approx(per_gpu)
     assert plan["gpu_hours"] == pytest.approx(1e12 / per_gpu / 3600)
@@ -186,12 +187,12 @@ def test_throughput_and_gpu_hours_follow_the_stated_formula():
 def test_bad_requests_are_plelab_errors():
     train = small_train(batch_size=6)
     with pytest.raises(PlelabError, match="divide evenly over 4 GPUs"):
-        plan_training(PlanRequest(train, gpus=4))
+        training_memory(MemoryRequest(train, gpus=4))
     with pytest.raises(PlelabError, match="must divide the 3 sequences"):
-        plan_training(PlanRequest(train, gpus=2, micro_batch=2))
+        training_memory(MemoryRequest(train, gpus=2, micro_batch=2))
     with pytest.raises(PlelabError, match="strategy"):
-        PlanRequest(train, strategy="zero3")
-    assert plan_training(PlanRequest(train, gpus=2, overhead=0.0))["per_rank_bytes"]["overhead"] == 0
+        MemoryRequest(train, strategy="zero3")
+    assert training_memory(MemoryRequest(train, gpus=2, overhead=0.0))["per_rank_bytes"]["overhead"] == 0
     assert GiB == 2**30
 
 
@@ -250,7 +251,7 @@ def test_two_rank_state_matches_the_plan(tmp_path, strategy):
     measured = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("MEASURED")]
     assert proc.returncode == 0 and len(measured) == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     train = load_train_config(cfg)
-    plan = rank_memory(PlanRequest(train, gpus=2, strategy=strategy), strategy, 2, 1)
+    plan = rank_memory(MemoryRequest(train, gpus=2, strategy=strategy), strategy, 2, 1)
     split = ParamSplit.of(train.model)
     for m in measured:
         assert m["ple_table"] == plan["ple_table"] and m["ple_table_optimizer"] == plan["ple_table_optimizer"]
