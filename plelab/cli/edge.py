@@ -1,4 +1,4 @@
-"""`plelab export`, `plelab plan`, `plelab run`: ship a PLE model to a device, plan its memory, run it.
+"""`plelab export`, `plelab place`, `plelab run`: ship a PLE model to a device, place it in its memory, run it.
 
 The three commands live in one module (they share the .ple file and the device profiles); main.py lists
 each name, and `add_parser` registers whichever of them is not registered yet.
@@ -19,8 +19,9 @@ from plelab.errors import PlelabError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `export`, `plan` and `run` (each once, however often this is called)."""
-    for name, register in (("export", _add_export), ("plan", _add_plan), ("run", _add_run)):
+    """Register `export`, `place` (also under its former name, `plan`) and `run` (each once, however often this is
+    called)."""
+    for name, register in (("export", _add_export), ("place", _add_place), ("run", _add_run)):
         if name not in sub.choices:
             register(sub)
 
@@ -49,7 +50,7 @@ def _add_export(sub) -> None:
     add_set_flag(p)
 
 
-# Layout flags default to None (= ExportOptions' default) so `plan` can tell which ones were given.
+# Layout flags default to None (= ExportOptions' default) so `place` can tell which ones were given.
 LAYOUT_FLAGS = {"quant": "--quant", "group": "--group", "embed_in_record": "--embed-in-record",
                 "align": "--align", "page": "--page"}
 
@@ -121,12 +122,14 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_plan(sub) -> None:
+def _add_place(sub) -> None:
     p = add_command(
-        sub, "plan", "Place a model's tensors in a device's memory tiers; bytes, reads and time per token.",
-        "plelab plan esp32.ple --device esp32-s3\n"
-        "  plelab plan esp32-28m --quant int4 --device esp32-s3 --json   # a preset, sized without weights",
-        run_plan,
+        sub, "place",
+        "Place a model's tensors in a device's memory tiers; bytes, reads and time per token. (Its former name, "
+        "plan, still works.)",
+        "plelab place esp32.ple --device esp32-s3\n"
+        "  plelab place esp32-28m --quant int4 --device esp32-s3 --json   # a preset, sized without weights",
+        run_place, aliases=("plan",),
     )
     p.add_argument("model", help=".ple file, or a preset / config file / checkpoint (laid out as --quant etc. say)")
     p.add_argument("--device", required=True,
@@ -135,7 +138,7 @@ def _add_plan(sub) -> None:
     p.add_argument("--context", type=options.positive_int,
                    help="position at which KV traffic is counted (default and at most: max_seq_len)")
     p.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "int8"], help="KV cache type (default fp16)")
-    p.add_argument("--json", action="store_true", help="machine-readable plan")
+    p.add_argument("--json", action="store_true", help="machine-readable placement")
     _add_layout_flags(p)
     add_set_flag(p)
 
@@ -157,7 +160,7 @@ def _load_layout(args: argparse.Namespace):
         given = [flag for key, flag in LAYOUT_FLAGS.items() if getattr(args, key) is not None]
         if given:
             raise PlelabError(f"{', '.join(given)} cannot change the layout of a .ple file (fixed at export); "
-                              "re-export with them, or plan the checkpoint or preset instead")
+                              "re-export with them, or place the checkpoint or preset instead")
         with PleFile(path, verify="none") as f:
             return f.layout
     from plelab.edge.export import checkpoint_config, layout_for_config
@@ -171,15 +174,15 @@ def _load_layout(args: argparse.Namespace):
     return layout_for_config(cfg, _options(args))
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    """Print the plan; exit 2 with one line when the model does not fit."""
-    from plelab.edge.plan import PlanError, get_device, plan_with_trade
+def run_place(args: argparse.Namespace) -> int:
+    """Print the placement; exit 2 with one line when the model does not fit."""
+    from plelab.edge.placement import PlacementError, get_device, place_with_trade
 
     device = get_device(args.device, args.devices)
     layout = _load_layout(args)
     if args.context is not None and args.context > layout.model["max_seq_len"]:
-        raise PlanError(f"--context {args.context} is beyond the model's context ({layout.model['max_seq_len']})")
-    result = plan_with_trade(layout, device, args.context, args.kv_dtype)
+        raise PlacementError(f"--context {args.context} is beyond the model's context ({layout.model['max_seq_len']})")
+    result = place_with_trade(layout, device, args.context, args.kv_dtype)
     result["model"] = args.model
     if layout.source.get("table_only"):
         result["note"] = ("the core's weights are not counted (only the PLE table, the embedding and "
@@ -187,15 +190,15 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        _print_plan(result)
+        _print_placement(result)
     if not result["fits"]:
         worst = max(result["problems"], key=lambda p: p["missing_bytes"])
-        raise PlanError(f"{args.model} does not fit {args.device}: {worst['what']}; "
+        raise PlacementError(f"{args.model} does not fit {args.device}: {worst['what']}; "
                         f"missing {worst['missing_bytes']:,} bytes")
     return 0
 
 
-def _print_plan(r: dict) -> None:
+def _print_placement(r: dict) -> None:
     print(f"{r['model']} on {r['device']} ({r['description']})")
     if r.get("note"):
         print(f"  note: {r['note']}")
@@ -397,12 +400,12 @@ def run_run(args: argparse.Namespace) -> int:
     placement = None
     if args.device:
         from plelab.edge.format import PleFile
-        from plelab.edge.plan import get_device, plan
+        from plelab.edge.placement import get_device, place
 
         with PleFile(args.model, verify="none") as f:  # the KV cache the runtime keeps, as it keeps it
-            planned = plan(f.layout, get_device(args.device, args.devices), kv_dtype=args.kv_dtype)
+            planned = place(f.layout, get_device(args.device, args.devices), kv_dtype=args.kv_dtype)
         if not planned["fits"]:
-            raise PlelabError(f"{args.model} does not fit {args.device} (see plelab plan); "
+            raise PlelabError(f"{args.model} does not fit {args.device} (see plelab place); "
                               "its traffic per tier would mean nothing")
         placement = planned["placement"]
     if args.engine == "c":

@@ -28,11 +28,11 @@ COMMANDS = {
     "export-hf": "plelab.cli.export_hf",
     "export-gguf": "plelab.cli.export_gguf",
     "quant-recipe": "plelab.cli.quant_recipe",
-    "plan": "plelab.cli.edge",
+    "place": "plelab.cli.edge",
     "run": "plelab.cli.edge",
     "vision": "plelab.cli.vision",
 }
-ALIASES = {"plan-train": "train-memory"}
+ALIASES = {"plan-train": "train-memory", "plan": "place"}
 """Former command names that still work (the module registers them as argparse aliases)."""
 
 

@@ -89,7 +89,7 @@ def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: boo
 
 def device_profile(name: str, devices_file: str | None = None) -> str:
     """A device in the C runtime's profile format (`device NAME` then `tier NAME KIND BYTES` lines)."""
-    from plelab.edge.plan import get_device
+    from plelab.edge.placement import get_device
 
     dev = get_device(name, devices_file)
     return f"device {dev.name}\n" + "".join(f"tier {t.name} {t.kind} {t.capacity}\n" for t in dev.tiers)
@@ -97,7 +97,7 @@ def device_profile(name: str, devices_file: str | None = None) -> str:
 
 def devices_inc(devices_file: str | None = None) -> str:
     """The text of c/devices.inc: the built-in profiles of devices.toml as a C string."""
-    from plelab.edge.plan import load_devices
+    from plelab.edge.placement import load_devices
 
     devs = load_devices(devices_file)
     text = "".join(device_profile(n, devices_file) for n in devs)

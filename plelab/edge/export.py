@@ -11,8 +11,8 @@ What is stored how:
     MoE experts                  the stacked (E, ...) gate/up/down split into one tensor per expert
                                  (`mlp.experts.{e}.gate_proj` ...), so a token reads only its routed experts
     pruned FFN                   exported as the plain SwiGLU of width prune_to (plelab.model.pruning)
-The layout depends only on the config and the options, so `layout_for_config` sizes a model (for the
-planner) without any weights.
+The layout depends only on the config and the options, so `layout_for_config` sizes a model (for
+`plelab place`) without any weights.
 """
 
 from __future__ import annotations

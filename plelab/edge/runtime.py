@@ -5,7 +5,7 @@ and are applied a block of rows at a time, and MoE experts are read only by the 
 PLE table and, when it is not resident, the main embedding stay in the memory-mapped file and only the
 records of the tokens actually seen are touched (one contiguous read each). Every read is counted per
 memory tier: records really read from the file, and the dense reads a device would make (from the
-planner's placement when one is given). Mirrors plelab/model/{transformer,ple,ffn,moe,norm}.py operation
+placement when one is given, plelab.edge.placement). Mirrors plelab/model/{transformer,ple,ffn,moe,norm}.py operation
 for operation in float32, so an fp32 export reproduces the PyTorch logits; imports no torch.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from plelab.edge.format import PleFile
-from plelab.edge.plan import kv_bytes_per_position
+from plelab.edge.placement import kv_bytes_per_position
 from plelab.errors import PlelabError, token_id_message
 from plelab.inference.generate import check_fits, generate_ids
 from plelab.inference.sampling import Sampling
@@ -137,7 +137,7 @@ def refuse_table_only(path: str | Path, layout: Any) -> None:
     can run it. One wording for both engines (`plelab run --engine c` asks here first)."""
     if layout.source.get("table_only"):
         raise EdgeRuntimeError(f"{path} is a table-only export ({layout.source.get('core', 'no core')}); "
-                               "there is no core to run: use it with `plelab plan` or the record reader")
+                               "there is no core to run: use it with `plelab place` or the record reader")
 
 
 class EdgeModel:
@@ -145,7 +145,7 @@ class EdgeModel:
 
     def __init__(self, path: str | Path, verify: str = "full", placement: dict[str, str] | None = None,
                  kv_dtype: str = "fp32", act: str = "fp32"):
-        """Open `path`; `placement` (planner item -> tier) models a device's traffic.
+        """Open `path`; `placement` (placement item -> tier) models a device's traffic.
 
         kv_dtype: what the KV cache keeps, "fp32" or "int8" (codes + a scale per head vector; its traffic counts
         those bytes). act: "fp32", or "int8": every product with int8 / int4 weights first rounds its input
@@ -258,7 +258,7 @@ class EdgeModel:
     # --- accounting -------------------------------------------------------------------------------------------
 
     def tier(self, item: str, kind: str) -> str:
-        """Memory tier of a planner item (a tensor name, `table:NAME` or `kv_cache`)."""
+        """Memory tier of a placement item (a tensor name, `table:NAME` or `kv_cache`)."""
         if self.placement and item in self.placement:
             return self.placement[item]
         return HOST_TIERS[kind]

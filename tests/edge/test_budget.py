@@ -21,7 +21,7 @@ from plelab.edge.budget import (
     with_width,
 )
 from plelab.edge.export import ExportOptions, layout_for_config, shipped_config
-from plelab.edge.plan import items
+from plelab.edge.placement import items
 from plelab.edge.quant import EXPORT_QUANTS
 from plelab.model import LanguageModel, load_model_config
 from plelab.model.config import FFN_KINDS

@@ -19,7 +19,7 @@ from edge_helpers import lively_model
 
 from plelab.edge import c_engine, mcu
 from plelab.edge.format import PleFile
-from plelab.edge.plan import get_device, plan
+from plelab.edge.placement import get_device, place
 from plelab.edge.runtime import EdgeModel, quantize_i8
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -155,10 +155,10 @@ def test_int8_kv_traffic_and_memory_equal_the_planner(export_tmp):
         layout = f.layout
     steps = 63
     r = run_plerun(binary, path, "--kv", "int8", "--act", "int8", "--device", "esp32-s3", steps=steps)
-    want = plan(layout, get_device("esp32-s3"), context=(steps + 1) // 2, kv_dtype="int8")
+    want = place(layout, get_device("esp32-s3"), context=(steps + 1) // 2, kv_dtype="int8")
     for tier, t in r["traffic"].items():
         assert t["bytes_per_token"] == pytest.approx(want["bytes_per_token"][tier], rel=1e-9), tier
-    full = plan(layout, get_device("esp32-s3"), kv_dtype="int8")
+    full = place(layout, get_device("esp32-s3"), kv_dtype="int8")
     ram = sum(t["used"] for t in full["tiers"].values() if t["kind"] == "ram")
     assert r["weight_bytes"] + r["kv_cache_bytes"] == ram
     fp32 = run_plerun(binary, path, "--device", "esp32-s3", steps=8)
@@ -178,7 +178,7 @@ def test_placement_equals_the_planner_when_sram_overflows(export_tmp):
     with PleFile(path, verify="none") as f:
         layout = f.layout
     for kv in ("fp32", "int8"):
-        want = plan(layout, get_device("esp32-s3"), context=4, kv_dtype=kv)
+        want = place(layout, get_device("esp32-s3"), context=4, kv_dtype=kv)
         in_psram = [n for n, tier in want["placement"].items() if tier == "psram" and n != "kv_cache"]
         assert want["fits"] and len(in_psram) > 10, in_psram
         r = run_plerun(binary, path, "--kv", kv, "--device", "esp32-s3", ids=[1], steps=7)
@@ -189,7 +189,7 @@ def test_placement_equals_the_planner_when_sram_overflows(export_tmp):
 def test_the_numpy_engine_counts_int8_kv_traffic_as_the_planner(export_tmp):
     path = export_tmp(lively_model(), quant="int8", group=32)
     with PleFile(path, verify="none") as f:
-        want = plan(f.layout, get_device("esp32-s3"), context=16, kv_dtype="int8")
+        want = place(f.layout, get_device("esp32-s3"), context=16, kv_dtype="int8")
     rt = EdgeModel(path, placement=want["placement"], kv_dtype="int8", act="int8")
     rt.forward(list(range(31)), rt.new_cache(31))  # positions 0..30: the KV reads average to context 16
     assert rt.traffic.per_token()["bytes_per_token"]["sram"] == pytest.approx(want["bytes_per_token"]["sram"])

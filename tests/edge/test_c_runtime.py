@@ -18,7 +18,7 @@ from plelab.cli.main import main
 from plelab.edge import c_engine
 from plelab.edge import format as fmt
 from plelab.edge.format import PleFile
-from plelab.edge.plan import get_device, items, plan
+from plelab.edge.placement import get_device, items, place
 from plelab.edge.runtime import EdgeModel
 
 pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler")
@@ -106,7 +106,7 @@ def test_traffic_per_tier_equals_the_planner(plerun, export_tmp):
     steps = 63  # KV reads average over positions 1..63: the planner's figure at context 32
     for device in ("esp32-s3", "desktop"):
         r = run_c(plerun, path, "--device", device, steps=steps)
-        want = plan(layout, get_device(device), context=(steps + 1) // 2, kv_dtype="fp32")
+        want = place(layout, get_device(device), context=(steps + 1) // 2, kv_dtype="fp32")
         assert set(r["traffic"]) == set(want["bytes_per_token"])
         for tier, t in r["traffic"].items():
             assert t["bytes_per_token"] == pytest.approx(want["bytes_per_token"][tier], rel=1e-9), tier
@@ -117,7 +117,7 @@ def test_traffic_per_tier_equals_the_planner(plerun, export_tmp):
 def test_peak_ram_is_the_planners_sram_plus_psram_and_scratch(plerun, export_tmp):
     path = export_tmp(lively_model(), quant="int4", group=32)
     with PleFile(path, verify="none") as f:
-        want = plan(f.layout, get_device("esp32-s3"), kv_dtype="fp32")  # context = max_seq_len, as the arena
+        want = place(f.layout, get_device("esp32-s3"), kv_dtype="fp32")  # context = max_seq_len, as the arena
     ram = sum(t["used"] for t in want["tiers"].values() if t["kind"] == "ram")
     r = run_c(plerun, path, "--device", "esp32-s3", steps=8)
     assert r["weight_bytes"] + r["kv_cache_bytes"] == ram

@@ -31,7 +31,7 @@ def small(tmp_path) -> Path:
 
 def test_export_plan_run_roundtrip(small, capsys):
     capsys.readouterr()
-    assert main(["plan", str(small), "--device", "desktop", "--json"]) == 0
+    assert main(["place", str(small), "--device", "desktop", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     for key in ("fits", "placement", "bytes_per_token", "reads_per_token", "est_ms_per_token"):
         assert key in plan
@@ -43,7 +43,7 @@ def test_export_plan_run_roundtrip(small, capsys):
 
 
 def test_plan_text_says_what_goes_where(small, capsys):
-    assert main(["plan", str(small), "--device", "esp32-s3"]) == 0
+    assert main(["place", str(small), "--device", "esp32-s3"]) == 0
     out = capsys.readouterr().out
     assert "sram" in out and "flash" in out and "table:ple" in out and "ms/token" in out
 
@@ -77,13 +77,13 @@ def test_bad_files_give_one_line_errors(small, tmp_path, capsys):
 def test_bad_ids_and_devices(small, capsys):
     assert "[0, 256)" in one_line_error(capsys, "run", str(small), "--ids", "1,2,999")
     assert "comma-separated" in one_line_error(capsys, "run", str(small), "--ids", "a,b")
-    assert "unknown device" in one_line_error(capsys, "plan", str(small), "--device", "toaster")
+    assert "unknown device" in one_line_error(capsys, "place", str(small), "--device", "toaster")
 
 
 def test_too_big_for_the_device(capsys):
-    err = one_line_error(capsys, "plan", "esp32-28m", "--quant", "fp32", "--device", "esp32-s3")
+    err = one_line_error(capsys, "place", "esp32-28m", "--quant", "fp32", "--device", "esp32-s3")
     assert "does not fit esp32-s3" in err and "missing" in err and "flash" in err
-    err = one_line_error(capsys, "plan", "esp32-28m", "--quant", "int8", "--set", "hidden_size=512",
+    err = one_line_error(capsys, "place", "esp32-28m", "--quant", "int8", "--set", "hidden_size=512",
                          "--device", "esp32-s3")
     assert "does not fit" in err
 
@@ -95,7 +95,7 @@ def test_user_device_file(small, tmp_path, capsys):
         '[[devices.tinymcu.tiers]]\nname = "ram"\nkind = "ram"\ncapacity = 1000\nread_mb_s = 100\n'
         '[[devices.tinymcu.tiers]]\nname = "rom"\nkind = "storage"\ncapacity = 100000000\nread_mb_s = 10\n'
     )
-    err = one_line_error(capsys, "plan", str(small), "--device", "tinymcu", "--devices", str(dev))
+    err = one_line_error(capsys, "place", str(small), "--device", "tinymcu", "--devices", str(dev))
     assert "ram" in err and "missing" in err
 
 
@@ -119,9 +119,9 @@ def test_export_and_plan_a_checkpoint_with_its_tokenizer(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), "--quant", "int8", "--out", str(out), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["sections"]["tokenizer"]["bytes"] > 0 and info["file_bytes"] == out.stat().st_size
-    assert main(["plan", str(ckpt), "--quant", "int8", "--device", "esp32-p4", "--json"]) == 0
+    assert main(["place", str(ckpt), "--quant", "int8", "--device", "esp32-p4", "--json"]) == 0
     from_ckpt = json.loads(capsys.readouterr().out)
-    assert main(["plan", str(out), "--device", "esp32-p4", "--json"]) == 0
+    assert main(["place", str(out), "--device", "esp32-p4", "--json"]) == 0
     from_file = json.loads(capsys.readouterr().out)
     # Planning the checkpoint analytically gives the file's numbers (the tokenizer is host-side).
     assert from_ckpt["bytes_per_token"] == from_file["bytes_per_token"]
@@ -208,21 +208,21 @@ def test_plan_refuses_flags_that_would_be_ignored(small, tmp_path, capsys):
     from plelab.runs.checkpoint import save_checkpoint
 
     for flags in (["--quant", "int4"], ["--group", "64"], ["--embed-in-record"], ["--align", "8"], ["--page", "4096"]):
-        err = one_line_error(capsys, "plan", str(small), "--device", "desktop", *flags)
+        err = one_line_error(capsys, "place", str(small), "--device", "desktop", *flags)
         assert flags[0] in err and "re-export" in err
-    assert "--set" in one_line_error(capsys, "plan", str(small), "--device", "desktop", "--set", "hidden_size=64")
+    assert "--set" in one_line_error(capsys, "place", str(small), "--device", "desktop", "--set", "hidden_size=64")
     run = tmp_path / "run"
     save_checkpoint(run / "checkpoints" / "step_00000001", lively_model())
-    assert "--set" in one_line_error(capsys, "plan", str(run), "--device", "desktop", "--set", "num_layers=9")
+    assert "--set" in one_line_error(capsys, "place", str(run), "--device", "desktop", "--set", "num_layers=9")
     # Honoured where they apply: a preset is laid out as the flags say.
-    assert main(["plan", "tiny", "--device", "desktop", "--quant", "int8", "--set", "num_layers=3", "--json"]) == 0
+    assert main(["place", "tiny", "--device", "desktop", "--quant", "int8", "--set", "num_layers=3", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert sum(1 for it in plan["items"] if it["name"].endswith("0.input_layernorm.weight")) == 1
     assert not any(it["name"].startswith("layers.3.") for it in plan["items"])
 
 
 def test_plan_context_beyond_the_model_is_refused(small, capsys):
-    assert "beyond the model's context" in one_line_error(capsys, "plan", str(small), "--device", "desktop",
+    assert "beyond the model's context" in one_line_error(capsys, "place", str(small), "--device", "desktop",
                                                            "--context", "100000")
 
 
@@ -241,12 +241,12 @@ GOOD = {"flops": "1e9", "cap": "1000000000", "ram_bw": "100", "lat": "1.0", "pag
 def test_bad_device_profile_values_name_the_profile_and_field(small, tmp_path, capsys, field, value, names):
     dev = tmp_path / "devs.toml"
     dev.write_text(DEVICE.format(**{**GOOD, field: value}))
-    err = one_line_error(capsys, "plan", str(small), "--device", "d", "--devices", str(dev))
+    err = one_line_error(capsys, "place", str(small), "--device", "d", "--devices", str(dev))
     assert "device 'd'" in err and names in err
 
 
 def test_the_shipped_device_profiles_pass_the_checks():
-    from plelab.edge.plan import load_devices
+    from plelab.edge.placement import load_devices
 
     assert {"esp32-s3", "esp32-p4", "phone-ufs4", "desktop"} <= set(load_devices())
 
@@ -259,13 +259,13 @@ def test_non_utf8_and_corrupt_inputs_are_one_line(small, tmp_path, capsys):
     latin.write_bytes('preset = "tiny"\n# caf\xe9\n'.encode("latin-1"))
     junk = tmp_path / "junk.json"
     junk.write_text("{not json")
-    for argv in (["params", str(latin)], ["plan", str(latin), "--device", "desktop"],
+    for argv in (["params", str(latin)], ["place", str(latin), "--device", "desktop"],
                  ["export", str(latin), "--out", str(tmp_path / "a.ple")], ["params", str(junk)],
-                 ["plan", str(junk), "--device", "desktop"]):
+                 ["place", str(junk), "--device", "desktop"]):
         one_line_error(capsys, *argv)
     devs = tmp_path / "devs.toml"
     devs.write_bytes(b"[devices.d]\ndescription = \"\xff\xfe\"\n")
-    assert "device file" in one_line_error(capsys, "plan", str(small), "--device", "d", "--devices", str(devs))
+    assert "device file" in one_line_error(capsys, "place", str(small), "--device", "d", "--devices", str(devs))
     tok = tmp_path / "tok.json"
     tok.write_bytes(b"\xff\xfe{}")
     bare = tmp_path / "bare.ple"
@@ -276,7 +276,7 @@ def test_non_utf8_and_corrupt_inputs_are_one_line(small, tmp_path, capsys):
 
     save_checkpoint(run, lively_model())
     (run / "config.json").write_bytes(b"\xff\xfe not json")
-    for argv in (["plan", str(tmp_path / "run"), "--device", "desktop"],
+    for argv in (["place", str(tmp_path / "run"), "--device", "desktop"],
                  ["export", str(tmp_path / "run"), "--out", str(tmp_path / "b.ple")]):
         one_line_error(capsys, *argv)
 

@@ -30,7 +30,7 @@ def test_file_is_no_bigger_than_the_reference(esp32_file):
 
 
 def test_esp32_s3_plan_fits_with_the_ple_record_in_one_flash_read(esp32_file, capsys):
-    code, plan = cli_json(capsys, "plan", str(esp32_file), "--device", "esp32-s3", "--json")
+    code, plan = cli_json(capsys, "place", str(esp32_file), "--device", "esp32-s3", "--json")
     assert code == 0 and plan["fits"]
     assert plan["bytes_per_token"]["flash"] <= REFERENCE_FLASH_BYTES_PER_TOKEN
     assert plan["reads_per_token"]["flash"] == 1
@@ -52,7 +52,7 @@ def test_runtime_reads_one_396_byte_record_per_token_from_flash(esp32_file, caps
 
 
 def test_embedding_in_the_record_is_446_bytes_in_one_read_but_needs_more_flash(capsys):
-    code = main(["plan", "esp32-28m", "--quant", "int4", "--embed-in-record", "--device", "esp32-s3", "--json"])
+    code = main(["place", "esp32-28m", "--quant", "int4", "--embed-in-record", "--device", "esp32-s3", "--json"])
     plan = json.loads(capsys.readouterr().out)
     assert code == 2 and not plan["fits"]
     assert plan["bytes_per_token"]["flash"] == REFERENCE_FLASH_BYTES_PER_TOKEN and plan["reads_per_token"]["flash"] == 1

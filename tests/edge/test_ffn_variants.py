@@ -22,7 +22,7 @@ from plelab.edge.c_fuzz import fuzz
 from plelab.edge.decode_cost import DecodeCostError, measure_decode
 from plelab.edge.export import ExportError, ExportOptions, export_model, layout_for_config
 from plelab.edge.format import PleFile, PleFormatError
-from plelab.edge.plan import items
+from plelab.edge.placement import items
 from plelab.edge.quant import Encoding
 from plelab.edge.runtime import EdgeModel, EdgeRuntimeError
 from plelab.model import LanguageModel, load_model_config

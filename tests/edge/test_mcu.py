@@ -11,7 +11,7 @@ from edge_helpers import lively_model
 from plelab.edge import c_engine, mcu
 from plelab.edge.export import ExportOptions, export_model
 from plelab.edge.format import PleFile
-from plelab.edge.plan import get_device, plan
+from plelab.edge.placement import get_device, place
 
 needs_arm_gcc = pytest.mark.skipif(
     shutil.which(mcu.ARM_GCC) is None,
@@ -83,7 +83,7 @@ def mcu_run(board: str, model: Path, *args: str, timeout: float = 60) -> mcu.Mcu
 
 def host_plan_ram(model: Path, kv: str) -> dict[str, int]:
     with PleFile(model, verify="none") as f:
-        want = plan(f.layout, get_device("esp32-s3"), kv_dtype=kv)  # context = max_seq_len, as the arena
+        want = place(f.layout, get_device("esp32-s3"), kv_dtype=kv)  # context = max_seq_len, as the arena
     return {name: t["used"] for name, t in want["tiers"].items() if t["kind"] == "ram"}
 
 

@@ -1,5 +1,5 @@
 """`plelab export --hf` writes the real PLE table (and main embedding) in the record layout, table-only;
-`plelab plan` reads such a file, or a Gemma config.json alone (Gemma 3n E2B / E4B shapes on phones)."""
+`plelab place` reads such a file, or a Gemma config.json alone (Gemma 3n E2B / E4B shapes on phones)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_plan_of_an_exported_table_and_runtime_refusal(make_gemma, tmp_path, cap
     path = tmp_path / "m.ple"
     export(make_gemma("gemma4"), path, "--quant", "int4", "--group", "8")
     capsys.readouterr()
-    assert main(["plan", str(path), "--device", "phone-ufs4", "--json"]) == 0
+    assert main(["place", str(path), "--device", "phone-ufs4", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["placement"]["table:ple"] == "ufs" and r["bytes_per_token"]["ufs"] == 12
     assert "core's weights are not counted" in r["note"]
@@ -109,7 +109,7 @@ def test_plan_gemma3n_shapes_from_config_alone(tmp_path, capsys, name, published
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["hidden_size_per_layer_input"],
             cfg["vocab_size_per_layer_input"]) == (2048, layers, 256, 262144)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    args = ["plan", str(tmp_path), "--device", device, "--quant", "int4", "--group", "128", "--context", "4096"]
+    args = ["place", str(tmp_path), "--device", device, "--quant", "int4", "--group", "128", "--context", "4096"]
     assert main([*args, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     record = layers * 256 // 2 + layers * 256 // 128 * 2  # int4 codes + one fp16 scale per 128 values

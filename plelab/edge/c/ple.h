@@ -102,7 +102,7 @@ uint64_t ple_row_offset(const ple_table *t, uint32_t row);
 uint32_t ple_crc32(uint32_t crc, const void *buf, size_t n);
 void ple_sha256(const void *buf, size_t n, uint8_t out[32]);
 
-/* ---- device profiles and placement (the same first-fit as plelab/edge/plan.py) ----------------------- */
+/* ---- device profiles and placement (the same first-fit as plelab/edge/placement.py) ----------------------- */
 
 typedef struct { char name[32]; int storage; uint64_t capacity; } ple_tier;
 typedef struct { char name[64]; int n_tiers; ple_tier tiers[PLE_MAX_TIERS]; } ple_device;

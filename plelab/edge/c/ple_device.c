@@ -2,7 +2,7 @@
  * file in the same line format:
  *     device NAME
  *     tier NAME ram|storage CAPACITY_BYTES        (fastest first, exactly one storage tier)
- * The placement that uses them lives in ple_model.c (it mirrors plelab/edge/plan.py). */
+ * The placement that uses them lives in ple_model.c (it mirrors plelab/edge/placement.py). */
 #include "ple.h"
 
 #include <stdio.h>

@@ -760,7 +760,7 @@ static int check_tables(ple_model *m, char *err) {
     return 0;
 }
 
-/* ---- placement and traffic (mirrors plelab/edge/plan.py: items, first-fit decreasing by density) --------- */
+/* ---- placement and traffic (mirrors plelab/edge/placement.py: items, first-fit decreasing by density) --------- */
 
 static int tier_index(ple_model *m, const char *name, int storage) {
     for (int i = 0; i < m->n_tiers; i++)

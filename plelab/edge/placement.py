@@ -1,4 +1,4 @@
-"""Memory planner: place every part of a .ple model in a device's memory tiers and estimate time per token.
+"""Placement (`plelab place`): every part of a .ple model in a device's memory tiers, and the time per token.
 
 Items and how a token uses them:
     row tables (PLE records, an untied embedding)  stay in storage; one record read per token each
@@ -8,7 +8,7 @@ Items and how a token uses them:
     KV cache                                         RAM; at context c, 2 x layers reads of c positions
 Resident items go to the fastest RAM tier with room, first-fit decreasing by traffic density (bytes
 read per token / bytes stored; the KV cache counts 1/2, its average over a full context), then size.
-If anything does not fit, the plan says what and how many bytes are missing instead of placing it.
+If anything does not fit, the placement says what and how many bytes are missing instead of placing it.
 Estimated time per token: per tier, reads x latency + transferred bytes / bandwidth (storage reads
 move whole pages), plus FLOPs / flops_per_s (see devices.toml).
 """
@@ -36,7 +36,7 @@ ROUTED = ".mlp.experts."  # in the name of every MoE expert tensor (plelab.edge.
 TierKind = Literal["ram", "storage"]
 
 
-class PlanError(PlelabError):
+class PlacementError(PlelabError):
     """A device file or device name that cannot be used."""
 
 
@@ -84,7 +84,7 @@ _TIER_FIELDS = {"capacity": (1, True, True), "read_mb_s": (0, False, False), "la
 
 
 def _number(value: Any, where: str, field: str, low: float, integer: bool, inclusive: bool) -> float:
-    """`value` checked to be a finite (integer) number above `low`, else a PlanError naming profile and field."""
+    """`value` checked to be a finite (integer) number above `low`, else a PlacementError naming profile and field."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if ok and integer:
         ok = float(value).is_integer()
@@ -92,24 +92,24 @@ def _number(value: Any, where: str, field: str, low: float, integer: bool, inclu
         ok = value >= low if inclusive else value > low
     if not ok:
         want = f"{'an integer' if integer else 'a finite number'} {'>=' if inclusive else '>'} {low}"
-        raise PlanError(f"{where}: {field} must be {want}, got {value!r}")
+        raise PlacementError(f"{where}: {field} must be {want}, got {value!r}")
     return int(value) if integer else float(value)
 
 
 def _tier(t: Any, where: str) -> Tier:
     if not isinstance(t, dict):
-        raise PlanError(f"{where}: each tier must be a table of fields, got {t!r}")
+        raise PlacementError(f"{where}: each tier must be a table of fields, got {t!r}")
     where = f"{where}, tier {t.get('name', '?')!r}"
     unknown = set(t) - {"name", "kind", *_TIER_FIELDS}
     if unknown:
-        raise PlanError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        raise PlacementError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     for key in ("name", "kind", "capacity", "read_mb_s"):
         if key not in t:
-            raise PlanError(f"{where}: missing field {key}")
+            raise PlacementError(f"{where}: missing field {key}")
     if not isinstance(t["name"], str) or not t["name"]:
-        raise PlanError(f"{where}: name must be a non-empty string, got {t['name']!r}")
+        raise PlacementError(f"{where}: name must be a non-empty string, got {t['name']!r}")
     if t["kind"] not in get_args(TierKind):
-        raise PlanError(f"{where}: kind must be \"ram\" or \"storage\", got {t['kind']!r}")
+        raise PlacementError(f"{where}: kind must be \"ram\" or \"storage\", got {t['kind']!r}")
     values = {k: _number(t[k], where, k, *rule) for k, rule in _TIER_FIELDS.items() if k in t}
     return Tier(t["name"], t["kind"], **values)
 
@@ -118,15 +118,15 @@ def _device(name: str, d: Any, path: Path) -> Device:
     """One profile, every field range-checked (a zero bandwidth or NaN would make every estimate wrong)."""
     where = f"{path}: device {name!r}"
     if not isinstance(d, dict):
-        raise PlanError(f"{where} must be a table of fields")
+        raise PlacementError(f"{where} must be a table of fields")
     if "flops_per_s" not in d or not isinstance(d.get("tiers"), list) or not d["tiers"]:
-        raise PlanError(f"{where} needs flops_per_s and at least one [[tiers]] entry")
+        raise PlacementError(f"{where} needs flops_per_s and at least one [[tiers]] entry")
     flops = _number(d["flops_per_s"], where, "flops_per_s", 0, False, False)
     tiers = [_tier(t, where) for t in d["tiers"]]
     if [t.kind for t in tiers].count("storage") != 1:
-        raise PlanError(f"{where} needs exactly one tier of kind storage, the rest ram")
+        raise PlacementError(f"{where} needs exactly one tier of kind storage, the rest ram")
     if len({t.name for t in tiers}) != len(tiers):
-        raise PlanError(f"{where}: tier names must be unique")
+        raise PlacementError(f"{where}: tier names must be unique")
     return Device(name, str(d.get("description", "")), flops, tiers, str(d.get("sources", "")))
 
 
@@ -136,9 +136,9 @@ def load_devices(path: str | Path | None = None) -> dict[str, Device]:
     try:
         data = read_file(path).get("devices", {})
     except (OSError, ConfigError) as exc:
-        raise PlanError(f"cannot read device file {path}: {exc}") from exc
+        raise PlacementError(f"cannot read device file {path}: {exc}") from exc
     if not isinstance(data, dict) or not data:
-        raise PlanError(f"{path} has no [devices.NAME] profiles")
+        raise PlacementError(f"{path} has no [devices.NAME] profiles")
     return {name: _device(name, d, path) for name, d in data.items()}
 
 
@@ -146,7 +146,7 @@ def get_device(name: str, path: str | Path | None = None) -> Device:
     """One device profile by name, with the known names in the error."""
     devices = load_devices(path)
     if name not in devices:
-        raise PlanError(f"unknown device {name!r}; known: {', '.join(devices)} (add yours with --devices FILE)")
+        raise PlacementError(f"unknown device {name!r}; known: {', '.join(devices)} (add yours with --devices FILE)")
     return devices[name]
 
 
@@ -225,10 +225,10 @@ def flops_per_token(layout: Layout, context: int) -> int:
     return round(flops)
 
 
-def plan(layout: Layout, device: Device, context: int | None = None, kv_dtype: str = "fp16") -> dict[str, Any]:
+def place(layout: Layout, device: Device, context: int | None = None, kv_dtype: str = "fp16") -> dict[str, Any]:
     """Place every item in a tier (or say why not) and estimate per-token traffic and time."""
     if kv_dtype not in KV_BYTES:
-        raise PlanError(f"kv dtype must be one of {', '.join(KV_BYTES)}, got {kv_dtype!r}")
+        raise PlacementError(f"kv dtype must be one of {', '.join(KV_BYTES)}, got {kv_dtype!r}")
     context = context or layout.model["max_seq_len"]
     storage = device.storage
     problems = []
@@ -325,13 +325,13 @@ def flip_embed_in_record(layout: Layout) -> Layout | None:
                   layout.source)
 
 
-def plan_with_trade(layout: Layout, device: Device, context: int | None = None, kv_dtype: str = "fp16") -> dict:
-    """`plan`, plus what the other embedding-in-record choice would cost (file size, reads, time, fit)."""
-    result = plan(layout, device, context, kv_dtype)
+def place_with_trade(layout: Layout, device: Device, context: int | None = None, kv_dtype: str = "fp16") -> dict:
+    """`place`, plus what the other embedding-in-record choice would cost (file size, reads, time, fit)."""
+    result = place(layout, device, context, kv_dtype)
     other = flip_embed_in_record(layout)
     if other is None:
         return result
-    alt = plan(other, device, context, kv_dtype)
+    alt = place(other, device, context, kv_dtype)
     st = device.storage.name
     result["embed_in_record_trade"] = {
         "current": bool(layout.quant.get("embed_in_record")),
