@@ -281,6 +281,8 @@ REGISTERED_PLAN_HASHES = {
     "visual-ple-study": "1061c28ff9143f4de6751c4cef828bdb4d569acf9b4f43a48915a239a46f3a4f",
     "visual-ple-ids": "423931180c6e84cc60e6e5d4529732185655b0ad865b9a4e9408aeac60c8ebb5",  # registered 2026-12-02
     "ffn-study-2": "65fea01123311bd70cf83e1ffbf1300199a98ea4378adf540f1a1e7dc278c9bb",  # registered 2026-12-02
+    "deadzone-onset-h64": "0a4d6918053e6ae84eef8fd29719e90e9a52e24900a464ec79804c33a284d968",  # registered 2026-12-04
+    "deadzone-onset-h32": "84950e119aa9a15f644f09dc17c853af8cd88f4dbe3e5caa989517d78ff3b611",  # registered 2026-12-04
 }
 
 
