@@ -36,20 +36,25 @@ SNAPSHOTS="$REPO/studies"
 # prepared data the sweep reads | how to make it. A commit from before studies had folders of their own keeps its
 # sweep file under configs/sweeps/; the snapshot goes to this checkout's studies/<name>/<sweep file's stem>.sql
 # whatever the commit.
-# (last, not a study: issue 25's same-science check of dtype = "bf16-head", which a later study may then use)
+# The dead-zone law's third round ("where the dead zone begins"): its two sweeps run one after the other from one
+# worktree pinned at their registration commit, H = 64 first.
 # Finished studies leave this list (a new machine would otherwise prepare their data only to find nothing to run):
 # the FFN pilot (configs/sweeps/ffn-pilot-2.toml at becacde; records in studies/ffn/ffn-pilot-2/) and the FFN study
 # (configs/sweeps/ffn-study-2.toml at 45c20da, 18 of 18 runs; snapshot studies/ffn/ffn-study-2.sql, report
-# studies/ffn/ffn-study-2/), and the dead-zone tokens study (configs/sweeps/deadzone-tokens.toml at f3c5f9e, 75 of
-# 75 runs; snapshot studies/tokens/deadzone-tokens.sql, report studies/tokens/deadzone-tokens/).
+# studies/ffn/ffn-study-2/), the dead-zone tokens study (configs/sweeps/deadzone-tokens.toml at f3c5f9e, 75 of
+# 75 runs; snapshot studies/tokens/deadzone-tokens.sql, report studies/tokens/deadzone-tokens/), and the fast
+# path's same-science check (configs/sweeps/fastpath-check.toml at fb553d6, 12 of 12 runs, failed; snapshot and
+# report in studies/fastpath/).
+PREPARE_8K="python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 STUDIES=(
-  "fastpath|fb553d6|configs/sweeps/fastpath-check.toml|runs/fastpath-check|/tmp/plelab-data|python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
+  "onset|8a44de1|studies/onset/deadzone-onset-h64.toml|runs/deadzone-onset/h64|/tmp/plelab-data|$PREPARE_8K"
+  "onset|8a44de1|studies/onset/deadzone-onset-h32.toml|runs/deadzone-onset/h32|/tmp/plelab-data|$PREPARE_8K"
 )
 
 # Studies whose checks read the runs' per-step training curves (the fast path's curve comparison): their
 # snapshots also keep each finished run's metrics.jsonl (studies/<name>/<sweep>.sql.logs/). The others' verdicts need
 # only the database, and their logs would be megabytes a run.
-WITH_LOGS=" fastpath "
+WITH_LOGS=" "
 
 worktree() { echo "$REPO/../plelab-study-$1"; }
 # A study's snapshot: in its folder here, named after its sweep file ($1 name, $2 sweep file).
