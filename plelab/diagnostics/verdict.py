@@ -72,6 +72,17 @@ RULES = [
 ]
 
 
+RECORDED_BEFORE_EQUIVALENCE = {"alive": "used", "weak": "not used", "dead": "not used"}
+"""Runs recorded before the used / pays verdicts said alive / weak / dead. alive is today's used (the same rule);
+weak and dead meant "not used", and without the equivalence test they cannot be told apart into unused and not
+resolved, so they are shown as "not used"."""
+
+
+def used_label(recorded: str | None) -> str | None:
+    """A recorded used verdict under today's names (old records: RECORDED_BEFORE_EQUIVALENCE)."""
+    return RECORDED_BEFORE_EQUIVALENCE.get(recorded, recorded) if recorded else recorded
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 

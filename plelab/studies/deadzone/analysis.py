@@ -17,6 +17,7 @@ from typing import Any
 
 from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
+from plelab.diagnostics.verdict import used_label
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE, DIM_KEY, SEED_KEY
 from plelab.experiments.sweep_results import sample_note
@@ -31,14 +32,17 @@ PAIRED_RULE = ("paired gain: delta = loss(dP) - loss(dP = 0) of the same seed; s
                "seeds is below -t x s.e., t = t(0.975, n - 1) (two-sided 5 % paired t-test: 4.30 s.e. for 3 seeds, "
                "12.7 for 2)")
 
-CLASSES = ("dead zone", "transition", "diminishing returns", "improvement", "worse", "n/a")
+CLASSES = ("dead zone", "not resolved", "transition", "diminishing returns", "improvement", "worse", "n/a")
 
 STEP_RULES = [
     "loss = final evaluation loss (nats/token), macro-averaged over the evaluation domains; each dP's value is "
     "the mean over seeds, and s its seed-to-seed sample standard deviation",
     "noise of a step a -> b = the standard error of the difference of the two means, sqrt(s_a^2/n_a + s_b^2/n_b)",
-    f"dead zone: |delta| <= {NOISE_SIGMAS:g} x noise (the change is within noise: not resolved from zero, which is "
-    "not evidence of no change; the paired tables and the dose-response below are the seed-level tests)",
+    f"dead zone: |delta| <= {NOISE_SIGMAS:g} x noise AND an equivalence test (TOST at 5 % per side, df = the smaller "
+    "side's seeds - 1) puts the step inside +-margin, the registered plan's (without a plan margin no step can be "
+    "called a dead zone)",
+    f"not resolved: |delta| <= {NOISE_SIGMAS:g} x noise without that equivalence: within noise is not evidence of no "
+    "change (the paired tables and the dose-response below are the seed-level tests)",
     f"worse: delta > {NOISE_SIGMAS:g} x noise (the loss rises beyond noise)",
     "gain per doubling = -delta / log2(b / a); the step from dP = 0 counts as one doubling",
     f"transition: among the significant improvements (delta < -{NOISE_SIGMAS:g} x noise), the one with the largest "
@@ -124,8 +128,8 @@ def _significant(delta: float, noise: float) -> bool | None:
     return None if not math.isfinite(noise) else abs(delta) > NOISE_SIGMAS * noise
 
 
-def classify_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each step between consecutive dP values classified by STEP_RULES."""
+def classify_steps(rows: Sequence[dict[str, Any]], margin: float | None = None) -> list[dict[str, Any]]:
+    """Each step between consecutive dP values classified by STEP_RULES (a dead zone needs `margin`)."""
     steps = []
     for a, b in zip(rows, rows[1:], strict=False):
         delta = b["loss_mean"] - a["loss_mean"]
@@ -133,11 +137,12 @@ def classify_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         doublings = math.log2(b["ple_dim"] / a["ple_dim"]) if a["ple_dim"] > 0 else 1.0
         step = {"from": a["ple_dim"], "to": b["ple_dim"], "delta": delta, "noise": noise,
                 "z": delta / noise if noise and math.isfinite(noise) else math.nan,
-                "gain_per_doubling": -delta / doublings}
+                "gain_per_doubling": -delta / doublings, "margin": margin}
         if not math.isfinite(noise):
             step["class"] = "n/a"
         elif abs(delta) <= NOISE_SIGMAS * noise:
-            step["class"] = "dead zone"
+            flat = margin and stats.tost(delta, noise, min(a["n"], b["n"]), margin)["equivalent"]
+            step["class"] = "dead zone" if flat else "not resolved"
         elif delta > 0:
             step["class"] = "worse"
         else:
@@ -153,20 +158,28 @@ def classify_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def conclusion(steps: Sequence[dict[str, Any]], table: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """Does the curve show the seed's pattern (a plateau, then a significant drop)? `table` adds the deltas vs dP=0."""
+    """Does the curve show the published pattern (a plateau, then a significant drop)? `table` adds the deltas vs
+    dP=0. A plateau is claimed only from steps an equivalence test puts inside the margin ("dead zone")."""
     cls = [s["class"] for s in steps]
     names = [f"{s['from']} -> {s['to']}" for s in steps]
     sig = [i for i, c in enumerate(cls) if c in ("transition", "diminishing returns", "improvement")]
     dead = [i for i, c in enumerate(cls) if c == "dead zone"]
+    open_ = [i for i, c in enumerate(cls) if c == "not resolved"]
     if not steps or all(c == "n/a" for c in cls):
         return {"pattern": "unknown", "dead_zone": None, "text": "not enough finished runs (two seeds per dP) to "
                 "separate changes from noise"}
     seed_like = [i for i in dead if any(j > i for j in sig)]
     if seed_like:
-        text = (f"a dead zone appears: {', '.join(names[i] for i in seed_like)} changes the loss within noise, and a "
-                f"later step ({', '.join(names[j] for j in sig if j > seed_like[0])}) improves it beyond noise - "
-                "the seed's plateau-then-transition pattern")
+        text = (f"a dead zone appears: {', '.join(names[i] for i in seed_like)} lies inside the margin by an "
+                f"equivalence test, and a later step ({', '.join(names[j] for j in sig if j > seed_like[0])}) "
+                "improves the loss beyond noise: the published plateau-then-transition pattern")
         return {"pattern": "dead zone then transition", "dead_zone": True, "text": text}
+    before = [i for i in open_ if any(j > i for j in sig)]
+    if before:
+        text = (f"{', '.join(names[i] for i in before)} is within noise but not shown inside a margin, and a later "
+                f"step ({', '.join(names[j] for j in sig if j > before[0])}) improves the loss beyond noise: whether a "
+                "plateau precedes the transition is not resolved")
+        return {"pattern": "not resolved, then transition", "dead_zone": None, "text": text}
     better = [r for r in table[1:] if r.get("significant") and r["delta"] < 0]
     if not sig and better:
         which = ", ".join(f"dP={r['ple_dim']} ({r['delta']:+.4f} +- {r['delta_se']:.4f})" for r in better)
@@ -174,13 +187,20 @@ def conclusion(steps: Sequence[dict[str, Any]], table: Sequence[dict[str, Any]] 
                 f"beats dP={table[0]['ple_dim']} beyond noise: a gradual gain whose per-step size is below the noise, "
                 "so at this noise level the loss curve cannot place a dead zone or a transition")
         return {"pattern": "gradual", "dead_zone": None, "text": text}
+    if not sig and dead and not open_:
+        return {"pattern": "flat", "dead_zone": True, "text": "every step lies inside the margin by an equivalence "
+                "test: in this dP range PLE's steps change the loss by less than the margin"}
     if not sig:
-        return {"pattern": "flat", "dead_zone": None, "text": "no step improves the loss beyond noise: in this dP "
-                "range PLE adds nothing measurable (a larger dP might still transition; the range cannot tell)"}
-    if dead:
-        text = (f"no dead zone below the gains: every significant improvement comes first, then the curve flattens "
-                f"({', '.join(names[i] for i in dead)} within noise): saturation, not the seed's dead zone")
-        return {"pattern": "saturation", "dead_zone": False, "text": text}
+        return {"pattern": "not resolved", "dead_zone": None, "text": "no step improves the loss beyond noise, and "
+                "not every step is shown inside a margin: the range cannot tell a flat curve from a small gain"}
+    after = dead + open_
+    if after:
+        text = (f"no plateau below the gains: every significant improvement comes first, then "
+                f"{', '.join(names[i] for i in after)} " + ("lies inside the margin (saturation)" if not open_ else
+                                                            "is within noise (not resolved: saturation or a gain "
+                                                            "below the noise)"))
+        return {"pattern": "saturation" if not open_ else "gains, then not resolved", "dead_zone": False,
+                "text": text}
     return {"pattern": "monotonic", "dead_zone": False,
             "text": "no dead zone: every step changes the loss beyond noise"}
 
@@ -201,15 +221,16 @@ def domain_table(points: Sequence[dict[str, Any]], evals: dict[str, dict[str, di
 
 
 def verdict_table(points: Sequence[dict[str, Any]], table: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per dP > 0: early and final PLE verdicts, their agreement, ablation deltas, injection ratio."""
+    """Per dP > 0: early and final used verdicts (dependence; old records' names mapped by
+    diagnostics.verdict.used_label), their agreement, ablation deltas, injection ratio."""
     sig = {r["ple_dim"]: r["significant"] for r in table}
     rows, agree, total, proxy_agree = [], 0, 0, 0
     for dim in sorted({int(p["ple_dim"]) for p in points if p["ple_dim"]}):
         runs = [p for p in points if int(p["ple_dim"]) == dim]
         diag = [p.get("diagnostics") or {} for p in runs]
-        final = [(d.get("final") or {}).get("verdict") for d in diag]
-        early = [(d.get("early") or {}).get("verdict") for d in diag]
-        proxy = [(d.get("early") or {}).get("proxy_verdict") for d in diag]
+        final = [used_label((d.get("final") or {}).get("verdict")) for d in diag]
+        early = [used_label((d.get("early") or {}).get("verdict")) for d in diag]
+        proxy = [used_label((d.get("early") or {}).get("proxy_verdict")) for d in diag]
         pairs = [(e, f) for e, f in zip(early, final, strict=True) if e and f]
         proxy_pairs = [(e, f) for e, f in zip(proxy, final, strict=True) if e and f]
         agree += sum(e == f for e, f in pairs)
@@ -285,10 +306,12 @@ def group_key(values: dict[str, Any]) -> str:
     return ",".join(f"{k}={json.dumps(v)}" for k, v in values.items() if k not in (DIM_KEY, SEED_KEY))
 
 
-def analyze_group(points: list[dict[str, Any]], evals: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
-    """Seed table, steps, conclusion, per-domain and verdict tables of one group of runs."""
+def analyze_group(points: list[dict[str, Any]], evals: dict[str, dict[str, dict[str, float]]],
+                  margin: float | None = None) -> dict[str, Any]:
+    """Seed table, steps, conclusion, per-domain and verdict tables of one group of runs (margin: the plan's, for
+    calling a step a dead zone)."""
     table = seed_table(points)
-    steps = classify_steps(table)
+    steps = classify_steps(table, margin)
     return {"runs": points, "table": table, "reference_dim": table[0]["ple_dim"] if table else None,
             "steps": steps, "conclusion": conclusion(steps, table),
             "domains": domain_table(points, evals) if points else {}, "verdicts": verdict_table(points, table),
@@ -311,12 +334,14 @@ def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[st
     for p in done:
         groups.setdefault(group_key(p["values"]), []).append(p)
     notes = [n for n in (sample_note({p["name"]: evals.get(p["name"], {}) for p in done}), folder_note(done)) if n]
-    analysed = [{"key": k, **analyze_group(v, evals)} for k, v in groups.items()]
+    plan_analysis = folder_plan(folder, plan)
+    margin = ((plan_analysis or {}).get("evaluation") or {}).get("margin")
+    analysed = [{"key": k, **analyze_group(v, evals, margin)} for k, v in groups.items()]
     return _jsonable({
         "sweep": meta.get("name", folder.name), "folder": str(folder), "grid": meta.get("grid", {}),
         "notes": notes,
         "counts": dict(Counter(r["status"] for r in runs)), "total_runs": len(runs),
         "rules": STEP_RULES, "noise_sigmas": NOISE_SIGMAS,
         "groups": analysed,
-        "config": (runs[0]["config"] if runs else {}), "plan": folder_plan(folder, plan),
+        "config": (runs[0]["config"] if runs else {}), "plan": plan_analysis,
     })

@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from plelab.diagnostics.verdict import used_label
 from plelab.experiments.figures import dim_colors, plt, png
 from plelab.runs.metrics import read_metrics
 
-CLASS_COLORS = {"dead zone": "tab:red", "transition": "tab:green", "diminishing returns": "tab:orange",
-                "improvement": "tab:blue", "worse": "tab:purple", "n/a": "tab:gray"}
+CLASS_COLORS = {"dead zone": "tab:red", "not resolved": "tab:olive", "transition": "tab:green",
+                "diminishing returns": "tab:orange", "improvement": "tab:blue", "worse": "tab:purple",
+                "n/a": "tab:gray"}
 LAYER_KEY = re.compile(r"^ple/injection_ratio/layer(\d+)$")
 
 
@@ -215,19 +217,20 @@ def early_vs_final(group: dict[str, Any]) -> bytes | None:
         d = p.get("diagnostics") or {}
         e, f = (d.get("early") or {}).get("ablation_delta_loss"), (d.get("final") or {}).get("ablation_delta_loss")
         if e is not None and f is not None:
-            pts.append((p["ple_dim"], e, f, (d.get("final") or {}).get("verdict")))
+            pts.append((p["ple_dim"], e, f, used_label((d.get("final") or {}).get("verdict"))))
     if not pts:
         return None
     dims = sorted({p[0] for p in pts})
     colors = dim_colors(dims)
-    markers = {"alive": "o", "weak": "s", "dead": "x"}
+    markers = {"used": "o", "not resolved": "s", "unused": "x", "not used": "x", "harmful": "v"}
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for dim, e, f, verdict in pts:
         ax.scatter(e, f, color=colors[dim], marker=markers.get(verdict, "^"), s=40)
     for dim in dims:
         ax.scatter([], [], color=colors[dim], label=f"dP={dim}")
     for v, m in markers.items():
-        ax.scatter([], [], color="k", marker=m, label=f"final {v}")
+        if any(p[3] == v for p in pts):
+            ax.scatter([], [], color="k", marker=m, label=f"final: {v}")
     lim = [min(min(p[1], p[2]) for p in pts), max(max(p[1], p[2]) for p in pts)]
     ax.plot(lim, lim, "k:", lw=1)
     ax.axhline(0, color="0.6", lw=0.8)

@@ -67,7 +67,7 @@ def paired_blocks(g: dict[str, Any]) -> list[Block]:
         rows = [[str(r["ple_dim"]), str(r["n"]), f"{fmt(r['delta_mean'], '+.4f')} ± {fmt(r['delta_se'])}",
                  {True: "yes", False: "no", None: "?"}[r["gain_significant"]]] for r in paired.get(key) or []]
         if rows:
-            out += [("h", 2, f"Paired Δ vs dP=0, same seed ({label})"),
+            out += [("h", 2, f"Pays: paired Δ vs dP=0, same seed ({label})"),
                     ("table", ["dP", "seed pairs", "Δ (mean ± s.e. of the per-seed deltas)",
                                "significant gain (paired t, 5 %)?"], rows)]
     return out
@@ -100,15 +100,19 @@ def verdict_blocks(g: dict[str, Any]) -> list[Block]:
              {True: "yes", False: "no", None: "?"}[r["loss_gain_significant"]]] for r in v["rows"]]
     n = v["compared"]
     return [
-        ("h", 2, "PLE verdicts: early warning vs end of training"),
-        ("p", "Verdicts from the PLEMonitor diagnostics (RUN_DIR/diagnostics/early.json and final.json): alive / "
-              "weak / dead by the ablation rule of `plelab diagnose` (loss with PLE switched off minus loss with "
-              "it on, on held-out batches). 'Early proxies' is what the proxies alone (injection ratio, table "
-              "health) said at the early step. Ablation Δ and injection ratio: mean ± seed std."),
-        ("table", ["dP", "final verdicts", "early verdicts", "early proxies", "early = final",
+        ("h", 2, "Used (dependence): early warning vs end of training"),
+        ("p", "The used verdicts of the PLEMonitor diagnostics (RUN_DIR/diagnostics/early.json and final.json), by "
+              "the ablation rule of `plelab diagnose` (loss with PLE switched off minus loss with it on, on "
+              "held-out batches): does the trained model depend on its table? That is not whether the table pays: "
+              "the paired Δ against the same seed's dP = 0 run (above) is the benefit. Runs recorded before the "
+              "used / pays verdicts said alive (today's used, the same rule) or weak / dead (shown as 'not used': "
+              "without an equivalence test, unused and not resolved cannot be told apart). 'Early proxies' is what "
+              "the proxies alone (injection ratio, table health) said at the early step. Ablation Δ and injection "
+              "ratio: mean ± seed std."),
+        ("table", ["dP", "used (final)", "used (early)", "early proxies", "early = final",
                    "early proxies = final", "ablation Δ early",
                    "ablation Δ final", "injection ratio (final)", "loss gain significant"], rows),
-        ("p", f"The early-warning verdict matched the final verdict in {v['early_agrees']}/{n} runs; the early "
+        ("p", f"The early used verdict matched the final one in {v['early_agrees']}/{n} runs; the early "
               f"proxies alone matched it in {v['early_proxy_agrees']}/{n}."),
     ]
 

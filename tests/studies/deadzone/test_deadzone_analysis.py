@@ -31,16 +31,28 @@ def test_seed_table_means_stds_and_delta_with_standard_error():
     assert seed_table(runs({0: [2.0], 8: [1.0]}))[1]["significant"] is None  # one seed: no noise estimate
 
 
-def test_the_seed_curve_gives_dead_zone_transition_and_diminishing_returns():
-    # SPEC §3's shape with a seed-to-seed std of 0.002: 0 -> 64 small gain, 64 -> 128 flat, 128 -> 256 big, then less.
+def test_the_published_curve_gives_dead_zone_transition_and_diminishing_returns_with_a_margin():
+    # The published shape with a seed-to-seed std of 0.002: 0 -> 64 small gain, 64 -> 128 flat, 128 -> 256 big.
     noise = [-0.002, 0.0, 0.002]
     curve = {d: [m + e for e in noise] for d, m in {0: 2.155, 64: 2.149, 128: 2.149, 256: 2.132, 512: 2.122}.items()}
-    steps = classify_steps(seed_table(runs(curve)))
+    steps = classify_steps(seed_table(runs(curve)), margin=0.005)
     assert [s["class"] for s in steps] == ["improvement", "dead zone", "transition", "diminishing returns"]
     assert steps[2]["gain_per_doubling"] == pytest.approx(0.017)
     assert steps[1]["noise"] == pytest.approx(math.sqrt(2 * 0.002**2 / 3))
     verdict = conclusion(steps)
     assert verdict["dead_zone"] is True and "64 -> 128" in verdict["text"]
+
+
+def test_within_noise_is_not_a_dead_zone_without_an_equivalence_test():
+    # The same curve, no margin: 64 -> 128 is within noise, which the old rule called a dead zone.
+    noise = [-0.002, 0.0, 0.002]
+    curve = {d: [m + e for e in noise] for d, m in {0: 2.155, 64: 2.149, 128: 2.149, 256: 2.132}.items()}
+    steps = classify_steps(seed_table(runs(curve)))
+    assert [s["class"] for s in steps] == ["improvement", "not resolved", "transition"]
+    verdict = conclusion(steps)
+    assert verdict["pattern"] == "not resolved, then transition" and verdict["dead_zone"] is None
+    # A margin the interval does not fit inside (3 seeds, s.e. 0.0016: the 90 % interval is +-0.005) is no better.
+    assert classify_steps(seed_table(runs(curve)), margin=0.002)[1]["class"] == "not resolved"
 
 
 def test_worse_and_unmeasurable_steps():
@@ -49,14 +61,16 @@ def test_worse_and_unmeasurable_steps():
     assert conclusion(classify_steps(seed_table(runs({0: [1.0], 8: [0.5]}))))["pattern"] == "unknown"
 
 
-@pytest.mark.parametrize("curve, pattern", [
-    ({0: [1.0, 1.01], 8: [1.0, 1.01], 16: [1.005, 0.995]}, "flat"),
-    ({0: [2.0, 2.01], 8: [1.5, 1.51], 16: [1.5, 1.51]}, "saturation"),
-    ({0: [2.0, 2.01], 8: [1.5, 1.51], 16: [1.3, 1.31]}, "monotonic"),
+@pytest.mark.parametrize("curve, margin, pattern", [
+    ({0: [1.0, 1.01, 1.005], 8: [1.0, 1.01, 1.005], 16: [1.005, 0.995, 1.0]}, 0.05, "flat"),
+    ({0: [1.0, 1.01, 1.005], 8: [1.0, 1.01, 1.005], 16: [1.005, 0.995, 1.0]}, None, "not resolved"),
+    ({0: [2.0, 2.01, 2.005], 8: [1.5, 1.51, 1.505], 16: [1.5, 1.51, 1.505]}, 0.05, "saturation"),
+    ({0: [2.0, 2.01, 2.005], 8: [1.5, 1.51, 1.505], 16: [1.5, 1.51, 1.505]}, None, "gains, then not resolved"),
+    ({0: [2.0, 2.01], 8: [1.5, 1.51], 16: [1.3, 1.31]}, None, "monotonic"),
 ])
-def test_conclusions(curve, pattern):
+def test_conclusions(curve, margin, pattern):
     table = seed_table(runs(curve))
-    assert conclusion(classify_steps(table), table)["pattern"] == pattern
+    assert conclusion(classify_steps(table, margin), table)["pattern"] == pattern
 
 
 def test_small_steps_that_add_up_beyond_noise_are_called_gradual_not_flat():
@@ -64,7 +78,7 @@ def test_small_steps_that_add_up_beyond_noise_are_called_gradual_not_flat():
     curve = {0: [2.0, 2.02, 1.98], 8: [1.98, 2.0, 1.96], 16: [1.96, 1.98, 1.94]}
     table = seed_table(runs(curve))
     steps = classify_steps(table)
-    assert [s["class"] for s in steps] == ["dead zone", "dead zone"]
+    assert [s["class"] for s in steps] == ["not resolved", "not resolved"]
     result = conclusion(steps, table)
     assert result["pattern"] == "gradual" and "dP=16" in result["text"]
 
