@@ -20,7 +20,8 @@ def test_report_files_are_written_and_the_html_is_self_contained(finished_sweep,
     assert len(srcs) >= 5 and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert base64.b64decode(srcs[0].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     assert not re.search(r"<link|<script|href=\"http|url\(", html)
-    for heading in ("Loss vs dP", "Steps between consecutive dP values", "Used (dependence)", "Pays: paired", "Per-domain final loss"):
+    for heading in ("Loss vs dP", "Steps between consecutive dP values", "Used (dependence)", "Pays: paired",
+                    "Per-domain final loss"):
         assert heading in html and heading in md
     # The markdown links the same figures as files that exist.
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)

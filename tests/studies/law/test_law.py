@@ -292,7 +292,8 @@ def test_sweep_report_has_the_paired_table(finished_sweep, tmp_path):
     (row,) = analysis["groups"][0]["paired"]["loss"]
     assert row["n"] == 2 and row["ple_dim"] == 8
     write_report(analysis, tmp_path)
-    assert "Pays: paired Δ vs dP=0, same seed (macro over the evaluation domains)" in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "Pays: paired Δ vs dP=0, same seed (macro over the evaluation domains)" in md
 
 
 def test_predicting_a_width_that_has_already_run_is_refused(monkeypatch, tmp_path):
