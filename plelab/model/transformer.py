@@ -4,7 +4,7 @@ A reference implementation: single-device code that knows nothing of training, c
 parallelism, written with the plain formulas. The whole forward pass, layer by layer:
 
     x   = embed(ids) [* sqrt(H)]
-    ple = PerLayerInputs(ids, x)                          (only when dP > 0)
+    ple = PerLayerInputs(ids, x)                          (only when dP > 0; token or n-gram index)
     for layer l:
         x = x + attn(norm(x))
         x = x + ffn(norm(x))
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -107,11 +107,15 @@ KERNEL_OPS = Ops(kernels.rms_norm, kernels.rope, kernels.linear_cross_entropy)
 
 @dataclass
 class KVCache:
-    """Preallocated keys/values for every layer; `pos` tokens are filled."""
+    """Preallocated keys/values for every layer; `pos` tokens are filled. An n-gram PLE table also keeps the ids
+    (`ple_ids`, (B, length)) and a PLE short convolution its normed inputs (`ple_conv`, per layer (B, length, H)):
+    a position's rows and convolution reach back over earlier calls."""
 
     keys: list[Tensor]
     values: list[Tensor]
     pos: int = 0
+    ple_ids: Tensor | None = None
+    ple_conv: dict[int, Tensor] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, length: int, device=None, dtype=torch.float32) -> KVCache:
@@ -124,9 +128,14 @@ class KVCache:
             return (batch, kv_heads, length, head_dim)
 
         shapes = [shape(i) for i in range(cfg.num_layers)]
+        ple_ids = (torch.zeros(batch, length, dtype=torch.long, device=device)
+                   if cfg.ple_layers and cfg.ple_layout is not None else None)
+        conv = {i: torch.zeros(batch, length, cfg.hidden_size, device=device, dtype=dtype)
+                for i in (cfg.ple_layers if cfg.ple.conv_kernel else [])}
         return cls(
             [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes],
             [torch.zeros(shape, device=device, dtype=dtype) for shape in shapes],
+            ple_ids=ple_ids, ple_conv=conv,
         )
 
     @property
@@ -205,7 +214,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
         x = x + self.mlp(self.post_attention_layernorm(x))
         if self.ple is not None:
-            x = x + self.ple(x, ple_input)
+            x = x + self.ple(x, ple_input, cache, layer)
         return x
 
 
@@ -309,7 +318,7 @@ class LanguageModel(nn.Module):
         """Final normed hidden states (B, T, H). Ids are not checked here (no device-to-host sync per step, no
         graph break under compile): whoever makes the batch checks them (`check_token_ids`)."""
         x = self.embed(input_ids)
-        ple = self.per_layer_inputs(input_ids, x) if self.per_layer_inputs is not None else None
+        ple = self.per_layer_inputs(input_ids, x, cache) if self.per_layer_inputs is not None else None
         return self.run_layers(x, ple, cache)
 
     def embed(self, input_ids: Tensor) -> Tensor:
