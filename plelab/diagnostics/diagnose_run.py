@@ -9,10 +9,12 @@ from typing import Any
 from plelab.diagnostics.batches import batches_from_tokens
 from plelab.diagnostics.data_sources import load_diagnostic_data
 from plelab.diagnostics.diagnose import diagnose_model
+from plelab.diagnostics.hashing import diagnose_hashing, format_hashing
 from plelab.diagnostics.run_files import load_init_table, monitor_summaries
 from plelab.diagnostics.table_health import DEFAULT_TOP_K
 from plelab.inference.evaluate import check_seq_len
 from plelab.inference.load import load_model
+from plelab.runs.checkpoint import read_checkpoint_json
 from plelab.util.device import pick_device
 
 
@@ -35,7 +37,7 @@ def diagnose_run(path: str | Path, data: str | None = None, *, device: str = "cp
     init, init_note = load_init_table(run_dir) if run_dir else (None, "checkpoint outside a run directory")
     seq_len = check_seq_len(seq_len or min(256, model.config.max_seq_len), model.config.max_seq_len)
     kwargs: dict = {"init_table": init, "init_note": init_note, "top_k": top_k or DEFAULT_TOP_K}
-    data_desc = None
+    data_desc = found = None
     if data:
         found = load_diagnostic_data(data, ckpt, model.config.vocab_size)
         kwargs.update(batches=batches_from_tokens(found.eval_tokens, batch_size, seq_len, batches, seed),
@@ -45,6 +47,10 @@ def diagnose_run(path: str | Path, data: str | None = None, *, device: str = "cp
     report = {"checkpoint": str(ckpt), "run_dir": str(run_dir) if run_dir else None, **report}
     report.setdefault("data", {})["source"] = data_desc
     report["monitor"] = monitor_summaries(run_dir)
+    hashing = diagnose_hashing(model, read_checkpoint_json(ckpt / "config.json"),
+                               found.eval_tokens if found else None, init, init_note)
+    if hashing:
+        report["hashing"] = hashing
     return report
 
 
@@ -101,6 +107,7 @@ def format_report(r: dict) -> str:
                                  for x in r["layers"]))
     for name, view in r["table_health"]["views"].items():
         lines.append(f"table view '{name}': {view['rows'] if view['available'] else 'unavailable: ' + view['reason']}")
+    lines += format_hashing(r.get("hashing", {}))
     for name, s in r.get("monitor", {}).items():
         lines.append(f"monitor {name} verdict (step {s.get('step')}): {s.get('verdict')}")
     lines += ["", "rules:"] + [f"  - {rule}" for rule in r["rules"]]

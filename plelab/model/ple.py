@@ -48,6 +48,8 @@ class PerLayerInputs(nn.Module):
         self.table_std = cfg.ple.table_init_std if cfg.ple.table_init_std is not None else cfg.init_std
         self.index = TableIndex(cfg)
         self.heads = cfg.ple_heads
+        self.vocab_size = cfg.ple_vocab_size if cfg.ple_layout is None else None
+        """Rows of a token table (ids at or past it read row 0); None for an n-gram table."""
         self.embed_tokens_per_layer = nn.Embedding(cfg.ple_table_rows, cfg.ple_row_width, sparse=cfg.ple.sparse_grad)
         self.embed_scale = math.sqrt(self.dim)
         self.context = cfg.ple.context
@@ -98,7 +100,7 @@ class PerLayerInputs(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:
-        ple = self.identity(input_ids, cache).to(inputs_embeds.dtype)
+        ple = (self.identity(input_ids) if cache is None else self.identity(input_ids, cache)).to(inputs_embeds.dtype)
         if not self.context:
             return ple
         ctx = self.per_layer_model_projection(inputs_embeds) * self.per_layer_model_projection_scale
@@ -168,7 +170,7 @@ class PerLayerInjection(nn.Module):
 
     def forward(self, h: torch.Tensor, ple_input: torch.Tensor, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
-        g = self.gate_values(h, ple_input) * ple_input
+        g = (self.gate_values(h, ple_input) if self.gate_kind == "engram" else self.gate_values(h)) * ple_input
         y = self.post_per_layer_input_norm(self.per_layer_projection(g))
         return y if self.conv is None else y + self.conv(y, cache, layer)
 

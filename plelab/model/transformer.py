@@ -318,7 +318,7 @@ class LanguageModel(nn.Module):
         """Final normed hidden states (B, T, H). Ids are not checked here (no device-to-host sync per step, no
         graph break under compile): whoever makes the batch checks them (`check_token_ids`)."""
         x = self.embed(input_ids)
-        ple = self.per_layer_inputs(input_ids, x, cache) if self.per_layer_inputs is not None else None
+        ple = self.per_layer_inputs(input_ids, x, cache=cache) if self.per_layer_inputs is not None else None
         return self.run_layers(x, ple, cache)
 
     def embed(self, input_ids: Tensor) -> Tensor:
