@@ -99,3 +99,44 @@ def test_eval_generate_diagnose_export_accept_a_sharded_checkpoint(runs, tmp_pat
     ok(plelab("diagnose", run, "--data", str(runs / "data"), "--batches", "1", "--batch-size", "2"))
     ok(plelab("export", run, "--out", str(tmp_path / "two.ple")))
     assert (tmp_path / "two.ple").stat().st_size > 0
+
+
+NGRAM = '[model.ple]\nindex = "ngram"\nngram_orders = [1, 2]\nngram_heads = 2\ngate = "engram"\nconv_kernel = 2\n'
+"""An n-gram table (4 heads of 263 rows, 2 layers x 16 / 4 per row) with Engram's gate and convolution."""
+
+
+@pytest.fixture(scope="module")
+def ngram_runs(tmp_path_factory) -> Path:
+    """One process and 2 DDP ranks training the n-gram table: its hashed rows are sharded like token rows."""
+    root = tmp_path_factory.mktemp("dist-ngram")
+    make_dataset(root)
+    config = write_config(root, max_steps=4, ckpt_every=4, warmup_steps=2, log_every=1, dtype="fp32", device="cpu")
+    config.write_text(config.read_text() + NGRAM)
+    ok(plelab("train", "train.toml", "--out", "one", "--quiet", cwd=root))
+    ok(torchrun("train", "train.toml", "--out", "two", "--quiet", cwd=root))
+    return root
+
+
+def test_an_ngram_table_trains_on_two_ranks_as_in_one_process(ngram_runs):
+    rel_close(losses(ngram_runs / "two"), losses(ngram_runs / "one"))
+    ckpt = resolve_checkpoint(ngram_runs / "two")
+    one, _ = load_model(ngram_runs / "one")
+    two, _ = load_model(ngram_runs / "two")
+    assert one.config.ple_table_rows == 4 * 263  # the smallest prime above the 258 ids
+    for k, v in one.state_dict().items():
+        torch.testing.assert_close(two.state_dict()[k], v, rtol=1e-4, atol=3e-5, msg=k)
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    chunks = sorted((c.offsets[0], c.sizes[0]) for c in meta[SHARDED_MODEL_PREFIX + TABLE_WEIGHT].chunks)
+    assert chunks == [(0, 526), (526, 526)]  # each rank wrote (and held) half of the hashed rows
+
+
+@pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
+def test_an_ngram_table_trains_under_fsdp_as_in_one_process(ngram_runs):
+    ok(torchrun("train", "train.toml", "--out", "fsdp", "--quiet", "--set", "parallel=fsdp", cwd=ngram_runs))
+    rel_close(losses(ngram_runs / "fsdp"), losses(ngram_runs / "one"))
+    one, _ = load_model(ngram_runs / "one")
+    fsdp, _ = load_model(ngram_runs / "fsdp")
+    for k, v in one.state_dict().items():
+        torch.testing.assert_close(fsdp.state_dict()[k], v, rtol=1e-4, atol=3e-5, msg=k)

@@ -59,8 +59,16 @@ def test_training_lowers_the_loss_and_writes_everything(setup):
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"} <= set(line)
 
 
-def test_kill_9_at_a_random_moment_then_resume_gives_the_exact_same_final_loss(setup):
+NGRAM = ('[model.ple]\nindex = "ngram"\nngram_orders = [2, 3]\nngram_heads = 2\ngate = "engram"\n'
+         'conv_kernel = 4\ncontext = false\n')
+"""An n-gram table (hashed rows, lazy Adam over them) with Engram's gate and convolution."""
+
+
+@pytest.mark.parametrize("table", ["token", "ngram"])
+def test_kill_9_at_a_random_moment_then_resume_gives_the_exact_same_final_loss(setup, table):
     cfg = write_config(setup, max_steps=24, ckpt_every=3)
+    if table == "ngram":
+        cfg.write_text(cfg.read_text() + NGRAM)
     ref = train_cli(cfg, setup / "ref")
     assert ref.wait(timeout=300) == 0, ref.stderr.read()
     rng = random.Random(os.getpid())
