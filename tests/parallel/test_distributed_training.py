@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 from dist_helpers import losses, make_dataset, ok, plelab, rel_close, torchrun, write_config
 
+from plelab.data.tokenizer import Tokenizer
 from plelab.inference.load import load_model
+from plelab.model.ngram import build_id_map, id_map_document
 from plelab.parallel.checkpoint import TABLE_WEIGHT
 from plelab.runs.checkpoint import SHARDED_MODEL_PREFIX, SHARDED_OPTIM_PREFIX, is_sharded, resolve_checkpoint
 
@@ -111,7 +114,10 @@ def ngram_runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dist-ngram")
     make_dataset(root)
     config = write_config(root, max_steps=4, ckpt_every=4, warmup_steps=2, log_every=1, dtype="fp32", device="cpu")
-    config.write_text(config.read_text() + NGRAM)
+    # With the token-id compression map too: a buffer every rank reads from the file, saved with the weights.
+    tok = Tokenizer.load(root / "data" / "tokenizer.json")
+    (root / "idmap.json").write_text(json.dumps(id_map_document(build_id_map(258, lambda i: tok.decode([i])))))
+    config.write_text(config.read_text() + NGRAM + f'id_map = "{root / "idmap.json"}"\n')
     ok(plelab("train", "train.toml", "--out", "one", "--quiet", cwd=root))
     ok(torchrun("train", "train.toml", "--out", "two", "--quiet", cwd=root))
     return root
@@ -123,6 +129,7 @@ def test_an_ngram_table_trains_on_two_ranks_as_in_one_process(ngram_runs):
     one, _ = load_model(ngram_runs / "one")
     two, _ = load_model(ngram_runs / "two")
     assert one.config.ple_table_rows == 4 * 263  # the smallest prime above the 258 ids
+    assert len(set(one.state_dict()["per_layer_inputs.index.id_map"].tolist())) < 258
     for k, v in one.state_dict().items():
         torch.testing.assert_close(two.state_dict()[k], v, rtol=1e-4, atol=3e-5, msg=k)
     import torch.distributed.checkpoint as dcp
