@@ -158,11 +158,6 @@ class NgramLayout:
         return [[multiplier(self.seed, n, k, i) if i < n else 0 for i in range(self.max_order)]
                 for n, k in self.head_keys]
 
-    def to_json(self) -> dict:
-        """What an export records so a runtime can rebuild the hash without plelab's config."""
-        return {"orders": list(self.orders), "heads": self.heads, "rows": list(self.rows), "seed": self.seed,
-                "pad_id": PAD_ID, "offsets": self.offsets, "multipliers": self.multipliers()}
-
 
 def hash_rows_python(ids: Sequence[int], layout: NgramLayout) -> list[list[int]]:
     """Table rows of every position of one sequence, [T][S]: the reference, one integer at a time."""

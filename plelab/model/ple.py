@@ -100,7 +100,7 @@ class PerLayerInputs(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:
-        ple = (self.identity(input_ids) if cache is None else self.identity(input_ids, cache)).to(inputs_embeds.dtype)
+        ple = self.identity(input_ids, cache).to(inputs_embeds.dtype)
         if not self.context:
             return ple
         ctx = self.per_layer_model_projection(inputs_embeds) * self.per_layer_model_projection_scale
@@ -170,7 +170,7 @@ class PerLayerInjection(nn.Module):
 
     def forward(self, h: torch.Tensor, ple_input: torch.Tensor, cache: KVCache | None = None,
                 layer: int = 0) -> torch.Tensor:
-        g = (self.gate_values(h, ple_input) if self.gate_kind == "engram" else self.gate_values(h)) * ple_input
+        g = self.gate_values(h, ple_input) * ple_input
         y = self.post_per_layer_input_norm(self.per_layer_projection(g))
         return y if self.conv is None else y + self.conv(y, cache, layer)
 
