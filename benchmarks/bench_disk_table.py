@@ -90,8 +90,8 @@ def write_config(folder: Path, data: Path, rows: int, steps: int) -> Path:
         f'data = "{data}"', "batch_size = 8", "seq_len = 128", f"max_steps = {steps}", "warmup_steps = 2",
         f"ckpt_every = {steps}", "log_every = 1", 'device = "cpu"', 'dtype = "fp32"', 'ple_table = "disk"',
         "[model]", 'preset = "tiny"', "vocab_size = 258", "max_seq_len = 128",
-        "[model.ple]", f"dim = {DIM}", 'index = "ngram"', f"ngram_orders = {list(ORDERS)}",
-        f"ngram_heads = {HEADS}", f"ngram_rows = [{rows}]", "table_init_std = 0.0",
+        "[model.ple]", f"dim = {DIM}", 'index = "ngram"', "table_init_std = 0.0",
+        "[model.ple.ngram]", f"orders = {list(ORDERS)}", f"heads = {HEADS}", f"rows = [{rows}]",
     ]) + "\n")
     return path
 

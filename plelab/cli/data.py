@@ -131,10 +131,10 @@ def add_parser(sub) -> None:
 
     pm = add_command(
         dsub, "id-map",
-        "Map token ids to compressed ids for an n-gram PLE table (ple.id_map): ids that decode to one word up to "
+        "Map token ids to compressed ids for an n-gram PLE table (ple.ngram.id_map): ids that decode to one word up to "
         "case, accents and whitespace share an id.",
         "plelab data id-map /tmp/plelab-data/tokenizer.json --out runs/idmap.json\n"
-        "  plelab train configs/ngram-small.toml --out runs/ng --set model.ple.id_map=runs/idmap.json",
+        "  plelab train configs/ngram-small.toml --out runs/ng --set model.ple.ngram.id_map=runs/idmap.json",
         run_id_map,
     )
     pm.add_argument("tokenizer", help="tokenizer.json or a prepared dataset / run folder holding one")

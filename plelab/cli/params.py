@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
         "  plelab params esp32-28m --json\n"
         "  plelab params seed-3b --set hidden_size=2048 --set num_layers=30 --set ple.vocab_size=262144 "
         "--ple-dim 256\n"
-        "  plelab params small-ple --set ple.index=ngram --set ple.ngram_orders=[2,3] --set ple.ngram_heads=4\n"
+        "  plelab params small-ple --set ple.index=ngram --set ple.ngram.orders=[2,3] --set ple.ngram.heads=4\n"
         "  plelab params small-ple --set ffn.kind=mglu --match-ffn inference-bytes --quant int4\n"
         "  plelab params small-ple --set ffn.kind=moe --set ffn.shared_expert=true --match-ffn active-flops "
         "--reference-set ffn.intermediate_size=512",

@@ -138,7 +138,8 @@ def initial_table(checkpoint_config: dict) -> tuple[torch.Tensor | None, str]:
         return None, "the checkpoint records no training seed to rebuild the initial table from"
     cfg = from_dict(ModelConfig, checkpoint_config["model"])
     # The id map draws nothing: leave it out, so the rebuild needs no file.
-    cfg = dataclasses.replace(cfg, ple=dataclasses.replace(cfg.ple, id_map=None, id_map_sha256=None))
+    ngram = dataclasses.replace(cfg.ple.ngram, id_map=None, id_map_sha256=None)
+    cfg = dataclasses.replace(cfg, ple=dataclasses.replace(cfg.ple, ngram=ngram))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train["seed"])
         model = LanguageModel(cfg, device="cpu")

@@ -254,7 +254,7 @@ def file_sha256(path: str | Path) -> str:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError as exc:
-        raise NgramError(f"ple.id_map: cannot read {path} ({exc.strerror})") from None
+        raise NgramError(f"ple.ngram.id_map: cannot read {path} ({exc.strerror})") from None
 
 
 def read_id_map(path: str | Path, vocab_size: int, sha256: str | None = None) -> IdMap:
@@ -262,22 +262,22 @@ def read_id_map(path: str | Path, vocab_size: int, sha256: str | None = None) ->
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise NgramError(f"ple.id_map: cannot read {path} ({exc.strerror})") from None
+        raise NgramError(f"ple.ngram.id_map: cannot read {path} ({exc.strerror})") from None
     digest = hashlib.sha256(raw).hexdigest()
     if sha256 is not None and digest != sha256:
-        raise NgramError(f"ple.id_map: {path} has sha256 {digest[:12]}, but the model was configured with "
+        raise NgramError(f"ple.ngram.id_map: {path} has sha256 {digest[:12]}, but the model was configured with "
                          f"{sha256[:12]} (the file changed since)")
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NgramError(f"ple.id_map: {path} is not JSON ({exc})") from None
+        raise NgramError(f"ple.ngram.id_map: {path} is not JSON ({exc})") from None
     ids = doc.get("map") if isinstance(doc, dict) else None
     if not isinstance(doc, dict) or doc.get("format") != ID_MAP_FORMAT or not isinstance(ids, list):
-        raise NgramError(f"ple.id_map: {path} is not a {ID_MAP_FORMAT} file (make one with `plelab data id-map`)")
+        raise NgramError(f"ple.ngram.id_map: {path} is not a {ID_MAP_FORMAT} file (make one with `plelab data id-map`)")
     if len(ids) != vocab_size:
-        raise NgramError(f"ple.id_map: {path} maps {len(ids)} token ids, the model's vocabulary has {vocab_size}")
+        raise NgramError(f"ple.ngram.id_map: {path} maps {len(ids)} token ids, the model's vocabulary has {vocab_size}")
     if not all(isinstance(i, int) and 0 <= i < len(ids) for i in ids):
-        raise NgramError(f"ple.id_map: {path} holds entries that are not ids in 0..{len(ids) - 1}")
+        raise NgramError(f"ple.ngram.id_map: {path} holds entries that are not ids in 0..{len(ids) - 1}")
     if set(ids) != set(range(max(ids) + 1)):
-        raise NgramError(f"ple.id_map: {path} skips compressed ids (they must be 0..N-1, each used)")
+        raise NgramError(f"ple.ngram.id_map: {path} skips compressed ids (they must be 0..N-1, each used)")
     return IdMap(ids, digest)

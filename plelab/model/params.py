@@ -41,7 +41,7 @@ def ple_table_reads(cfg: ModelConfig) -> dict[str, object]:
     out: dict[str, object] = {"index": cfg.ple.index, "table_rows": cfg.ple_table_rows, "row_values": width}
     if layout is not None:
         out.update(orders=list(layout.orders), heads_per_order=layout.heads, heads=S,
-                   rows_per_head=list(layout.rows), id_map=cfg.ple.id_map)
+                   rows_per_head=list(layout.rows), id_map=cfg.ple.ngram.id_map)
     out.update(rows_read_per_token=S, table_params_per_token=S * width, table_bytes_per_token_fp32=4 * S * width)
     return out
 

@@ -73,7 +73,8 @@ class TableIndex(nn.Module):
         self.hash = NgramHash(layout) if layout is not None else None
         self.history = layout.max_order - 1 if layout is not None else 0
         """Ids before a position that its rows depend on (a KV-cached decode keeps them)."""
-        self.id_map_file, self.id_map_sha256 = cfg.ple.id_map, cfg.ple.id_map_sha256
+        ngram = cfg.ple.ngram
+        self.id_map_file, self.id_map_sha256 = (ngram.id_map, ngram.id_map_sha256) if ngram else (None, None)
         if self.id_map_file is not None:
             # Among the weights, so a checkpoint carries the map and needs the file no more.
             self.register_buffer("id_map", torch.zeros(cfg.vocab_size, dtype=torch.long))

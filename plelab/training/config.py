@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from plelab.model.config import ModelConfig
 from plelab.model.presets import load_model_config
-from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
+from plelab.util.dataclass_config import LATER, ConfigError, apply_overrides, from_dict, read_file, to_dict
 from plelab.util.device import PRECISIONS, PrecisionChoice
 
 PLETableStorage = Literal["memory", "disk"]
@@ -69,7 +69,7 @@ class TrainConfig:
     """Adam beta2."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
-    ple_table: PLETableStorage = "memory"
+    ple_table: PLETableStorage = field(default="memory", metadata=LATER)
     """Where the PLE table and its Adam moments live. memory: tensors in RAM (split by rows across ranks under
     torchrun). disk: three memory-mapped sparse files under RUN_DIR/.ple_table/, of which a step touches only its
     batch's rows, so a table larger than RAM trains (plelab/training/disk_table.py); one process on the CPU, with

@@ -110,8 +110,8 @@ class DiskTable(nn.Embedding):
         """Rows, moments and the touched set as checkpoint `ckpt` holds them (the files start at zero)."""
         path = Path(ckpt) / TABLE_ROWS_FILE
         if not path.is_file():
-            raise DiskTableError(f"{ckpt} has no {TABLE_ROWS_FILE}: it was not written by a run with its PLE table "
-                                 "on disk (resume it with ple_table = \"memory\")")
+            raise DiskTableError(f"{ckpt} has no {TABLE_ROWS_FILE}: a run with its PLE table in memory wrote it, "
+                                 "and the table's storage is part of the run (ple_table cannot change on resume)")
         if table_rows_shape(path) != tuple(self.weight.shape):
             raise DiskTableError(f"{path} holds a table of shape {table_rows_shape(path)}, the model's is "
                                  f"{tuple(self.weight.shape)}")

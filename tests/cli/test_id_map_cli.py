@@ -21,8 +21,8 @@ def test_id_map_of_a_real_tokenizer_is_what_a_model_config_reads(tmp_path, capsy
     assert info["num_ids"] == found.num_ids < tok.vocab_size and info["tokenizer_sha256"] == tok.sha256
     assert all(len(group) > 1 for group in info["examples"])
     assert json.loads(out.read_text())["tokenizer_sha256"] == tok.sha256
-    cfg = load_model_config("tiny", ["vocab_size=1000", "ple.index=ngram", f"ple.id_map={out}"])
-    assert cfg.ple.id_map_sha256 == found.sha256
+    cfg = load_model_config("tiny", ["vocab_size=1000", "ple.index=ngram", f"ple.ngram.id_map={out}"])
+    assert cfg.ple.ngram.id_map_sha256 == found.sha256
     # An existing file is replaced only when asked.
     assert main(["data", "id-map", str(tmp_path / "tok.json"), "--out", str(out)]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err

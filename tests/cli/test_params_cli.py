@@ -129,7 +129,7 @@ def test_ngram_table_counts_are_what_the_built_model_reads(capsys):
 
     from plelab.model import LanguageModel
 
-    overrides = ["ple.index=ngram", "ple.ngram_orders=[2,3]", "ple.ngram_heads=2", "ple.ngram_rows=[257,263]"]
+    overrides = ["ple.index=ngram", "ple.ngram.orders=[2,3]", "ple.ngram.heads=2", "ple.ngram.rows=[257,263]"]
     data = params_json(capsys, "tiny", *[a for o in overrides for a in ("--set", o)])
     t = data["ple_table_index"]
     torch.manual_seed(0)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from training_helpers import make_dataset, write_config  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-NGRAM = ["ple.index=ngram", "ple.ngram_orders=[1,2,3]", "ple.ngram_heads=2", "ple.ngram_rows=[31,37,41]",
+NGRAM = ["ple.index=ngram", "ple.ngram.orders=[1,2,3]", "ple.ngram.heads=2", "ple.ngram.rows=[31,37,41]",
          "ple.dim=24"]
 
 

@@ -97,7 +97,7 @@ def trunk(model: LanguageModel) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if id(p) not in ple}
 
 
-NGRAM = ["ple.index=ngram", "ple.ngram_orders=[1,2,3]", "ple.ngram_heads=2", "ple.gate=engram", "ple.conv_kernel=4",
+NGRAM = ["ple.index=ngram", "ple.ngram.orders=[1,2,3]", "ple.ngram.heads=2", "ple.gate=engram", "ple.conv_kernel=4",
          "ple.context=false", "ple.output_norm=false"]
 """An Engram-form n-gram table (dP a multiple of its 6 heads: 48, 96 below)."""
 

@@ -126,19 +126,19 @@ def test_row_counts_that_hash_badly_are_refused_with_the_reason():
     assert rows_problem(1, 8192) and rows_problem(2**32, 8192)
     assert default_rows(8192) == 8209 and is_prime(8209)
     with pytest.raises(ConfigError, match="not prime"):
-        load_model_config("tiny", ["ple.index=ngram", "ple.ngram_rows=[1000]"])
+        load_model_config("tiny", ["ple.index=ngram", "ple.ngram.rows=[1000]"])
     with pytest.raises(ConfigError, match="multiple of the vocabulary"):
-        load_model_config("tiny", ["ple.index=ngram", "ple.ngram_rows=[257, 512]"])
+        load_model_config("tiny", ["ple.index=ngram", "ple.ngram.rows=[257, 512]"])
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["ple.index=ngram", "ple.ngram_heads=3"], "multiple of the 6 hash heads"),
-    (["ple.index=ngram", "ple.ngram_orders=[3, 2]"], "ascending"),
-    (["ple.index=ngram", "ple.ngram_orders=[0, 2]"], "1..8"),
-    (["ple.index=ngram", "ple.ngram_rows=[257, 263, 269]"], "one entry per order"),
-    (["ple.index=ngram", "ple.vocab_size=100"], "ple.ngram_rows"),
-    (["ple.ngram_rows=[257]"], 'ple.index = "ngram"'),
-    (["ple.index=ngram", "ple.id_map=/nonexistent/map.json"], "cannot read"),
+    (["ple.index=ngram", "ple.ngram.heads=3"], "multiple of the 6 hash heads"),
+    (["ple.index=ngram", "ple.ngram.orders=[3, 2]"], "ascending"),
+    (["ple.index=ngram", "ple.ngram.orders=[0, 2]"], "1..8"),
+    (["ple.index=ngram", "ple.ngram.rows=[257, 263, 269]"], "one entry per order"),
+    (["ple.index=ngram", "ple.vocab_size=100"], "ple.ngram.rows"),
+    (["ple.ngram.rows=[257]"], 'ple.index = "ngram"'),
+    (["ple.index=ngram", "ple.ngram.id_map=/nonexistent/map.json"], "cannot read"),
 ])
 def test_bad_ngram_settings_are_one_clear_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -146,7 +146,7 @@ def test_bad_ngram_settings_are_one_clear_error(overrides, message):
 
 
 def test_per_order_rows_give_each_order_its_own_head_size():
-    cfg = load_model_config("tiny", ["ple.index=ngram", "ple.ngram_rows=[257, 1009]", "ple.ngram_heads=2",
+    cfg = load_model_config("tiny", ["ple.index=ngram", "ple.ngram.rows=[257, 1009]", "ple.ngram.heads=2",
                                      "ple.dim=8"])
     assert cfg.ple_layout.head_rows == [257, 257, 1009, 1009]
     assert cfg.ple_table_rows == 2532 and cfg.ple_row_width == 2 * 8 // 4
@@ -202,8 +202,8 @@ def test_the_config_records_the_maps_hash_and_the_model_carries_the_map(tmp_path
 
     path = tmp_path / "map.json"
     path.write_text(json.dumps(id_map_document([i // 2 for i in range(256)])))
-    cfg = load_model_config("tiny", ["ple.index=ngram", f"ple.id_map={path}"])
-    assert cfg.ple.id_map_sha256 == read_id_map(path, 256).sha256
+    cfg = load_model_config("tiny", ["ple.index=ngram", f"ple.ngram.id_map={path}"])
+    assert cfg.ple.ngram.id_map_sha256 == read_id_map(path, 256).sha256
     torch.manual_seed(0)
     model = LanguageModel(cfg)
     assert model.state_dict()["per_layer_inputs.index.id_map"].tolist() == [i // 2 for i in range(256)]

@@ -18,7 +18,7 @@ def tiny(*overrides: str) -> LanguageModel:
     return LanguageModel(load_model_config("tiny", list(overrides)))
 
 
-NGRAM = ["ple.index=ngram", "ple.ngram_orders=[1,2,3]", "ple.ngram_heads=2", "ple.dim=24"]
+NGRAM = ["ple.index=ngram", "ple.ngram.orders=[1,2,3]", "ple.ngram.heads=2", "ple.dim=24"]
 
 
 def test_dp_zero_is_exactly_the_baseline():

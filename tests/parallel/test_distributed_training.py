@@ -106,7 +106,8 @@ def test_eval_generate_diagnose_export_accept_a_sharded_checkpoint(runs, tmp_pat
     assert (tmp_path / "two.ple").stat().st_size > 0
 
 
-NGRAM = '[model.ple]\nindex = "ngram"\nngram_orders = [1, 2]\nngram_heads = 2\ngate = "engram"\nconv_kernel = 2\n'
+NGRAM = ('[model.ple]\nindex = "ngram"\ngate = "engram"\nconv_kernel = 2\n'
+         '[model.ple.ngram]\norders = [1, 2]\nheads = 2\n')
 """An n-gram table (4 heads of 263 rows, 2 layers x 16 / 4 per row) with Engram's gate and convolution."""
 
 

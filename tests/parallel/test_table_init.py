@@ -32,7 +32,7 @@ def run_worker(root: Path, name: str, nproc: int) -> list[dict]:
 # Token table: 259 rows x 2 layers x 6. N-gram table: 3 heads of 263 rows (orders 1-3) x 2 layers x 6 / 3 = 789
 # rows of 4. Neither the rank boundary nor the table's end falls on torch's 16-value block in either.
 TABLES = {"token": ("dim = 6\nvocab_size = 259\n", 259, 130),
-          "ngram": ('dim = 6\nindex = "ngram"\nngram_orders = [1, 2, 3]\nngram_heads = 1\nngram_rows = [263]\n',
+          "ngram": ('dim = 6\nindex = "ngram"\n[model.ple.ngram]\norders = [1, 2, 3]\nheads = 1\nrows = [263]\n',
                     789, 395)}
 
 

@@ -25,7 +25,7 @@ from plelab.util.dataclass_config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-NGRAM = '[model.ple]\nindex = "ngram"\nngram_orders = [1, 2]\nngram_heads = 2\ntable_init_std = 0.0\n'
+NGRAM = '[model.ple]\nindex = "ngram"\ntable_init_std = 0.0\n[model.ple.ngram]\norders = [1, 2]\nheads = 2\n'
 
 
 def losses(run: Path) -> dict[int, float]:

@@ -105,7 +105,7 @@ def test_checkpointing_estimate_matches_the_measured_peak(dtype, dP):
 @pytest.mark.parametrize("ffn, ple", [({}, {}), ({"kind": "pruned", "prune_to": 50}, {}),
                                       ({"kind": "mglu", "mask_count": 2}, {}),
                                       ({"kind": "moe", "num_experts": 4, "top_k": 2, "expert_size": 40}, {}),
-                                      ({}, {"index": "ngram", "ngram_orders": [1, 2], "ngram_heads": 2})],
+                                      ({}, {"index": "ngram", "ngram": {"orders": [1, 2], "heads": 2}})],
                          ids=["swiglu", "pruned", "mglu", "moe", "ngram-table"])
 def test_weights_gradients_and_optimizer_state_match_a_real_step(ffn, ple):
     train = small_train(32, ffn, ple)

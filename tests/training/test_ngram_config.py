@@ -41,7 +41,7 @@ def test_the_ready_ngram_config_trains_resumes_and_evaluates_on_real_text(tmp_pa
     common = ["--set", f"data={tmp_path / 'data'}", "--set", f"eval_data={valid}", "--set", "batch_size=4",
               "--set", "seq_len=64", "--set", "eval_tokens=512", "--set", "ckpt_every=3", "--set", "log_every=1",
               "--set", "diagnostics_every=3", "--set", "model.vocab_size=4096",
-              "--set", f"model.ple.id_map={tmp_path / 'idmap.json'}", "--quiet"]
+              "--set", f"model.ple.ngram.id_map={tmp_path / 'idmap.json'}", "--quiet"]
     run = tmp_path / "run"
     plelab("train", str(REPO / "configs" / "ngram-small.toml"), "--out", str(run), "--set", "max_steps=3", *common)
     plelab("train", "--out", str(run), "--resume", "--set", "max_steps=5", "--quiet")
