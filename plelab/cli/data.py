@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
         "plelab data prepare ../shared/data/train --tokenizer tok8k.json --vocab-size 8192 --out /tmp/plelab-data\n"
         "  plelab data tokenizer ../shared/data/train --vocab-size 8192 --out tok8k.json\n"
         "  plelab data info /tmp/plelab-data\n"
-        "  plelab data eval-domains ../shared/data/valid --tokenizer /tmp/plelab-data/tokenizer.json",
+        "  plelab data eval-domains ../shared/data/valid --tokenizer /tmp/plelab-data/tokenizer.json\n"
+        "  plelab data id-map /tmp/plelab-data/tokenizer.json --out runs/idmap.json",
         lambda args: (p.print_help(), 1)[1],
     )
     dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
@@ -127,6 +128,19 @@ def add_parser(sub) -> None:
                     help="also decode the first N val/train tokens")
     pi.add_argument("--verify", action="store_true", help="check shard checksums and token ranges (reads all)")
     pi.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    pm = add_command(
+        dsub, "id-map",
+        "Map token ids to compressed ids for an n-gram PLE table (ple.ngram.id_map): ids that decode to one word up to "
+        "case, accents and whitespace share an id.",
+        "plelab data id-map /tmp/plelab-data/tokenizer.json --out runs/idmap.json\n"
+        "  plelab train configs/ngram-small.toml --out runs/ng --set model.ple.ngram.id_map=runs/idmap.json",
+        run_id_map,
+    )
+    pm.add_argument("tokenizer", help="tokenizer.json or a prepared dataset / run folder holding one")
+    pm.add_argument("--out", required=True, help="the id-map JSON file to write")
+    pm.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
+    pm.add_argument("--json", action="store_true", help="machine-readable summary")
 
     pe = add_command(
         dsub, "eval-domains", "Tokenize evaluation domains (one per *.txt): tokens, bytes, bytes per token.",
@@ -236,4 +250,29 @@ def run_eval_domains(args: argparse.Namespace) -> int:
     print(f"{'domain':<22} {'docs':>7} {'tokens':>10} {'bytes':>11} {'bytes/tok':>9}")
     for n, r in rows.items():
         print(f"{n:<22} {r['documents']:>7,} {r['tokens']:>10,} {r['bytes']:>11,} {r['bytes_per_token']:>9.2f}")
+    return 0
+
+
+def run_id_map(args: argparse.Namespace) -> int:
+    """Build the id compression map of a tokenizer and write it (plelab.model.ngram.build_id_map)."""
+    import json
+    from collections import Counter
+
+    from plelab.model.ngram import build_id_map, id_map_document
+    from plelab.util.fs import atomic_write_bytes
+
+    out = check_output_path(args.out, overwrite=args.overwrite)
+    tok = resolve_tokenizer(args.tokenizer)
+    ids = build_id_map(tok.vocab_size, lambda i: tok.decode([i]))
+    atomic_write_bytes(out, json.dumps(id_map_document(ids, tok.sha256)).encode())
+    groups = [g for g, n in Counter(ids).most_common() if n > 1]
+    examples = [[tok.decode([t]) for t in range(tok.vocab_size) if ids[t] == g] for g in groups[:3]]
+    info = {"path": str(out), "vocab_size": tok.vocab_size, "num_ids": max(ids) + 1,
+            "merged_ids": tok.vocab_size - (max(ids) + 1), "tokenizer_sha256": tok.sha256, "examples": examples}
+    if args.json:
+        print_json(info)
+        return 0
+    print(f"{out}: {tok.vocab_size:,} token ids -> {info['num_ids']:,} compressed ids "
+          f"({100 * info['merged_ids'] / tok.vocab_size:.1f} % fewer); e.g. "
+          + "; ".join(" = ".join(repr(t) for t in group[:4]) for group in examples))
     return 0

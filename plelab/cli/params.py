@@ -18,7 +18,7 @@ from plelab.edge.budget import (
 )
 from plelab.edge.quant import EXPORT_QUANTS
 from plelab.model.config import ModelConfig
-from plelab.model.params import count_params, sweep_ple, with_ple_dim
+from plelab.model.params import count_params, ple_table_reads, sweep_ple, with_ple_dim
 from plelab.model.presets import PRESETS, load_model_config
 from plelab.util.dataclass_config import ConfigError
 
@@ -29,7 +29,7 @@ PART_LABELS = {
     "ffn_mask": "FFN masks (MGLU, 1 bit each at inference)",
     "norms": "norms",
     "output_head": "output head (untied)",
-    "ple_table": "PLE table (V_ple x L x dP)",
+    "ple_table": "PLE table (rows x L x dP / heads)",
     "ple_model_projection": "PLE model projection + norm",
     "ple_per_layer": "PLE per-layer gate + projection + norm",
 }
@@ -45,6 +45,7 @@ def add_parser(sub) -> None:
         "  plelab params esp32-28m --json\n"
         "  plelab params seed-3b --set hidden_size=2048 --set num_layers=30 --set ple.vocab_size=262144 "
         "--ple-dim 256\n"
+        "  plelab params small-ple --set ple.index=ngram --set ple.ngram.orders=[2,3] --set ple.ngram.heads=4\n"
         "  plelab params small-ple --set ffn.kind=mglu --match-ffn inference-bytes --quant int4\n"
         "  plelab params small-ple --set ffn.kind=moe --set ffn.shared_expert=true --match-ffn active-flops "
         "--reference-set ffn.intermediate_size=512",
@@ -133,6 +134,22 @@ def _config_to_match(model: str, overrides: list[str]) -> ModelConfig:
     return load_model_config(model, [*needed, *overrides])
 
 
+def _print_table(t: dict) -> None:
+    """The PLE table's index: its rows, and the rows and values one token reads from it."""
+    if t["index"] == "ngram":
+        print(f"PLE table, n-gram index: orders {t['orders']} x {t['heads_per_order']} hash heads = {t['heads']} "
+              "heads; rows per head "
+              + ", ".join(f"{r:,} (order {n})" for n, r in zip(t["orders"], t["rows_per_head"], strict=True))
+              + (f"; ids compressed by {t['id_map']}" if t["id_map"] else ""))
+    else:
+        print("PLE table, token index: one row per token id")
+    print(f"  {'table rows':<42} {t['table_rows']:>16,}")
+    print(f"  {'values per row':<42} {t['row_values']:>16,}")
+    print(f"  {'rows read per token':<42} {t['rows_read_per_token']:>16,}")
+    print(f"  {'table parameters read per token':<42} {t['table_params_per_token']:>16,}")
+    print(f"  {'table bytes read per token (fp32, training)':<42} {t['table_bytes_per_token_fp32']:>16,}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the breakdown (or the dP sweep table, or a matched FFN width)."""
     if args.reference_overrides and not args.match_ffn:
@@ -164,10 +181,11 @@ def run(args: argparse.Namespace) -> int:
     c = count_params(cfg)
     per_token = {"active_params_per_token": active_params_per_token(cfg),
                  "inference_bytes": inference_bytes(cfg, args.quant), "active_flops": active_flops(cfg)}
+    table = ple_table_reads(cfg)
     if args.json:
         print_json({"model": args.model, "ple_dim": cfg.ple.dim, **c,
                     "pct_of_base": 100.0 * c["ple_added"] / c["base_total"], **per_token,
-                    "export_dtype": args.quant})
+                    "export_dtype": args.quant, "ple_table_index": table})
         return 0
     print(f"{args.model}: V={cfg.vocab_size:,} H={cfg.hidden_size} L={cfg.num_layers} heads={cfg.num_heads}/"
           f"{cfg.kv_heads} ffn={cfg.ffn.kind}:{cfg.ffn.intermediate_size} dP={cfg.ple.dim}")
@@ -181,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {'rest (not PLE table, not main embedding)':<42} {c['rest']:>16,}")
         print(f"  PLE table share of total: {100 * c['ple_table'] / c['total']:.1f} %; "
               f"of PLE added: {100 * c['ple_table'] / c['ple_added']:.1f} %")
+    if table:
+        _print_table(table)
     print("per decoded token:")
     print(f"  {'active parameters':<42} {per_token['active_params_per_token']:>16,}")
     print(f"  {f'weight bytes read ({args.quant} export)':<42} {per_token['inference_bytes']:>16,}")

@@ -9,6 +9,8 @@ Entry points:
     probe_layers                           injection ratio and gate statistics per layer (injection.py, gates.py)
     grad_norm_ratios                       gate / projection / table gradient norms over the trunk's (grads.py)
     table_health                           table rows vs random baselines, frequent and delta views (table_health.py)
+    diagnose_hashing                       an n-gram table: rows per token and step, load, collisions, rows never
+                                           trained (hashing.py)
     verdict.RULES and its constants        the used and pays rules (verdict.py)
     diagnose_run(path, data, twin, ...)    a run or checkpoint loaded and diagnosed; format_report (diagnose_run.py)
     predict_from_run(run_dir, rule)        the early rule on a run's logged signals (early.py)

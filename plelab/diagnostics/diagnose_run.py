@@ -16,6 +16,7 @@ from plelab.diagnostics.batches import batches_from_tokens
 from plelab.diagnostics.benefit import paired_gain
 from plelab.diagnostics.data_sources import load_diagnostic_data
 from plelab.diagnostics.diagnose import diagnose_model
+from plelab.diagnostics.hashing import diagnose_hashing, format_hashing
 from plelab.diagnostics.run_files import load_init_table, monitor_summaries
 from plelab.diagnostics.table_health import DEFAULT_TOP_K
 from plelab.diagnostics.twin import check_twin, find_twin
@@ -60,7 +61,7 @@ def diagnose_run(path: str | Path, data: str | None = None, *, twin: str | Path 
     data_desc, data_note = None, None
     if not data:
         data, data_note = recorded_data(meta.get("train") or {})
-    eval_batches = None
+    eval_batches = found = None
     if data:
         found = load_diagnostic_data(data, ckpt, model.config.vocab_size)
         eval_batches = batches_from_tokens(found.eval_tokens, batch_size, seq_len, batches, seed)
@@ -75,6 +76,9 @@ def diagnose_run(path: str | Path, data: str | None = None, *, twin: str | Path 
     if report["layers"]:
         report["pays"] = _pays(model, path, twin, find and run_dir is not None, eval_batches, device)
     report["monitor"] = monitor_summaries(run_dir)
+    hashing = diagnose_hashing(model, meta, found.eval_tokens if found else None, init, init_note)
+    if hashing:
+        report["hashing"] = hashing
     return report
 
 
@@ -190,6 +194,7 @@ def format_report(r: dict) -> str:
                                  for x in r["layers"]))
     for name, view in r["table_health"]["views"].items():
         lines.append(f"table view '{name}': {view['rows'] if view['available'] else 'unavailable: ' + view['reason']}")
+    lines += format_hashing(r.get("hashing", {}))
     for name, s in r.get("monitor", {}).items():
         lines.append(f"monitor {name} used verdict (step {s.get('step')}): {s.get('verdict')}")
     lines += ["", "rules:"] + [f"  - {rule}" for rule in r["rules"]]

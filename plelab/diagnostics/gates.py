@@ -19,9 +19,10 @@ class GateAccumulator:
         self.count = 0
 
     @torch.no_grad()
-    def add(self, injection: nn.Module, h: torch.Tensor) -> None:
-        """Record the gate values the injection module computes for hidden states `h`."""
-        g = injection.gate_values(h).float()
+    def add(self, injection: nn.Module, h: torch.Tensor, ple_input: torch.Tensor | None = None) -> None:
+        """Record the gate values the injection module computes for hidden states `h` (and the layer's PLE vector
+        `ple_input`, which a gate that reads it, Engram's, needs)."""
+        g = (injection.gate_values(h) if ple_input is None else injection.gate_values(h, ple_input)).float()
         if g.dim() <= 1:
             # A learned scalar / vector gate is the same for every token: weight it by the token count.
             g = g.expand(*h.shape[:-1], g.shape[-1])

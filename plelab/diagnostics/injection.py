@@ -25,10 +25,11 @@ class _LayerProbe:
 
     def hook(self, module, args, kwargs, output) -> None:
         h = args[0] if args else kwargs["h"]
+        ple_input = args[1] if len(args) > 1 else kwargs.get("ple_input")
         with torch.no_grad():
             self.hh += h.detach().float().pow(2).sum().item()
             self.yy += output.detach().float().pow(2).sum().item()
-            self.gate.add(module, h.detach())
+            self.gate.add(module, h.detach(), ple_input)
 
     def result(self) -> dict[str, float]:
         # h and y have the same shape, so the element counts cancel in the ratio of RMS values.

@@ -33,9 +33,10 @@ def ple_table(model: nn.Module) -> torch.Tensor | None:
 
 
 def table_layer_view(table: torch.Tensor, model: nn.Module) -> torch.Tensor:
-    """The table as (V_ple, L_ple, dP): slot s holds the rows of the s-th PLE layer."""
+    """The table as (rows, L_ple, width): slot s holds the s-th PLE layer's slice of every row (dP wide in a token
+    table, dP / heads in an n-gram table)."""
     inputs = unwrap(model).per_layer_inputs
-    return table.reshape(table.shape[0], inputs.num_layers, inputs.dim)
+    return table.reshape(table.shape[0], inputs.num_layers, -1)
 
 
 def is_ple_param(name: str) -> bool:

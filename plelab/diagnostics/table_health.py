@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from plelab.diagnostics.batches import token_frequencies, top_tokens
+from plelab.diagnostics.batches import top_tokens
+from plelab.diagnostics.hashing import table_row_reads
 from plelab.diagnostics.model_parts import ple_layers, ple_table, table_layer_view, unwrap
 
 DEFAULT_TOP_K = 2048
@@ -153,9 +154,11 @@ def table_health(
         else:
             delta = current - table_layer_view(init, bare)
     if token_ids is not None:
-        counts = token_frequencies(token_ids, table.shape[0])
+        counts = table_row_reads(bare, token_ids)
         rows = torch.from_numpy(top_tokens(counts, top_k))
-        desc = f"the {len(rows)} most frequent token ids in {freq_source} ({int(counts.sum()):,} tokens)"
+        what = "token ids" if bare.config.ple_layout is None else "n-gram table rows (hashed)"
+        tokens = int(counts.sum()) // bare.config.ple_heads  # each token reads one row per head
+        desc = f"the {len(rows)} most frequent {what} in {freq_source} ({tokens:,} tokens)"
     elif delta is not None:
         moved = delta.pow(2).sum(dim=(1, 2))
         rows = torch.argsort(moved, descending=True)[: min(top_k, int((moved > 0).sum()))]

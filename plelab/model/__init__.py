@@ -10,17 +10,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _SOURCES = {
-    "FFNConfig": "config", "ModelConfig": "config", "PLEConfig": "config", "count_params": "params",
+    "FFNConfig": "config", "ModelConfig": "config", "NgramConfig": "config", "PLEConfig": "config",
+    "count_params": "params",
     "PRESETS": "presets", "load_model_config": "presets", "KVCache": "kv_cache",
     "LanguageModel": "transformer", "TokenIdError": "transformer",
 }
 __all__ = [
-    "FFNConfig", "ModelConfig", "PLEConfig", "count_params", "PRESETS", "load_model_config",
+    "FFNConfig", "ModelConfig", "NgramConfig", "PLEConfig", "count_params", "PRESETS", "load_model_config",
     "KVCache", "LanguageModel", "TokenIdError",
 ]
 
 if TYPE_CHECKING:
-    from plelab.model.config import FFNConfig, ModelConfig, PLEConfig
+    from plelab.model.config import FFNConfig, ModelConfig, NgramConfig, PLEConfig
     from plelab.model.kv_cache import KVCache
     from plelab.model.params import count_params
     from plelab.model.presets import PRESETS, load_model_config

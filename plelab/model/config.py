@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-from plelab.util.dataclass_config import ConfigError
+from plelab.errors import PlelabError
+from plelab.util.dataclass_config import LATER, ConfigError
+
+if TYPE_CHECKING:
+    from plelab.model.ngram import NgramLayout
 
 # The one list of each kind of variant: config validation, the module registries (ffn.py, ple.py),
 # parameter accounting and the edge runtime all take their names from here.
@@ -14,8 +19,10 @@ FFNKind = Literal["swiglu", "mglu", "lowrank", "moe", "pruned"]
 FFN_KINDS: tuple[str, ...] = get_args(FFNKind)
 PruneImportance = Literal["magnitude", "taylor"]
 PRUNE_IMPORTANCES: tuple[str, ...] = get_args(PruneImportance)
-PLEGate = Literal["input", "scalar", "vector"]
+PLEGate = Literal["input", "scalar", "vector", "engram"]
 PLE_GATES: tuple[str, ...] = get_args(PLEGate)
+PLEIndex = Literal["token", "ngram"]
+PLE_INDEXES: tuple[str, ...] = get_args(PLEIndex)
 KernelsSetting = Literal["auto", "on", "off"]
 KERNEL_SETTINGS: tuple[str, ...] = get_args(KernelsSetting)
 Arch = Literal["llama", "gemma4"]
@@ -106,26 +113,80 @@ class FFNConfig:
 
 
 @dataclass
+class NgramConfig:
+    """The n-gram index of a PLE table (`ple.index = "ngram"`; the hash and layout: docs/ngram-ple.md). Written in
+    full with every n-gram model, so a checkpoint records its hash exactly."""
+
+    orders: list[int] = field(default_factory=lambda: [2, 3])
+    """The n-gram lengths hashed, ascending (1 = the token alone, 2 = it and the one before, ...; at most 8)."""
+    heads: int = 4
+    """Hash heads per order; each of the orders x heads heads gives every PLE layer dP / (orders x heads) channels."""
+    rows: list[int] | None = None
+    """Rows of each head, one entry per order (or one entry for all); each prime and not a multiple of the
+    vocabulary size (plelab.model.ngram.rows_problem says why). None = the smallest prime above the vocabulary
+    size (written in when the model config is made), so the table holds about a token table's parameters."""
+    seed: int = 0
+    """Seed of the hash multipliers, a uint32 (plelab.model.ngram.multiplier)."""
+    id_map: str | None = None
+    """A token-id compression file (`plelab data id-map`): ids go through it before they are hashed, so case and
+    whitespace variants of one word make the same n-grams. None = the ids as they are."""
+    id_map_sha256: str | None = None
+    """Not a setting but a record: the sha256 of the id_map file, filled in from the file when the config is made
+    (a changed file is then refused rather than silently hashed). The model keeps the map itself among its
+    weights, so a checkpoint needs the file no more."""
+
+    def __post_init__(self) -> None:
+        from plelab.model.ngram import MAX_HEADS, MAX_ORDER, file_sha256
+
+        orders = self.orders
+        if not orders or len(set(orders)) != len(orders) or not all(1 <= n <= MAX_ORDER for n in orders):
+            raise ConfigError(f"ple.ngram.orders must be distinct lengths in 1..{MAX_ORDER}, got {orders}")
+        if sorted(orders) != list(orders):
+            raise ConfigError(f"ple.ngram.orders must be ascending (the table's heads follow them), got {orders}")
+        if not 1 <= self.heads <= MAX_HEADS:
+            raise ConfigError(f"ple.ngram.heads must lie in 1..{MAX_HEADS}, got {self.heads}")
+        if self.rows is not None and len(self.rows) not in (1, len(orders)):
+            raise ConfigError(f"ple.ngram.rows needs one entry per order {orders} (or one for all), got {self.rows}")
+        if not 0 <= self.seed <= 0xFFFFFFFF:
+            raise ConfigError(f"ple.ngram.seed must be a uint32 (0..4294967295), got {self.seed}")
+        if self.id_map is not None and self.id_map_sha256 is None:
+            try:
+                self.id_map_sha256 = file_sha256(self.id_map)
+            except PlelabError as exc:
+                raise ConfigError(str(exc)) from None
+
+
+@dataclass
 class PLEConfig:
     """Per-layer embeddings. dim = 0 disables them and gives exactly the baseline model."""
 
     dim: int = 0
     """dP, width of each layer's per-token vector; 0 = no PLE."""
+    index: PLEIndex = field(default="token", metadata=LATER)
+    """Which table rows a position reads. token: the row of its token id (Gemma 3n / Gemma 4). ngram: one row per
+    hash head, chosen by hashing the suffix n-grams that end at it (Engram, LongCat; settings in `ngram`); each
+    layer's vector is the heads' slices of that layer side by side."""
     vocab_size: int | None = None
-    """Rows in the PLE table (V_ple); None = the model's vocabulary. Larger ids map to row 0."""
+    """token index only: rows in the PLE table (V_ple); None = the model's vocabulary. Larger ids map to row 0."""
+    ngram: NgramConfig | None = field(default=None, metadata=LATER)
+    """The n-gram index's settings (ngram index only; its defaults when absent)."""
     layers: list[int] | None = None
     """Layers that receive PLE (0-based); None = all layers."""
     context: bool = True
     """Gemma form: add a projection of the input embedding (H -> L*dP, RMSNorm over dP), fused x 1/sqrt(2)."""
     gate: PLEGate = "input"
     """input: GELU-tanh(Linear(h)) H -> dP (Gemma); scalar / vector: a learned gate (simple form;
-    vector is per dP channel)."""
+    vector is per dP channel); engram: Engram's context-aware scalar per token,
+    sigmoid(signed-sqrt(<RMSNorm(W_key e), RMSNorm(h)> / sqrt(H))) with e the layer's PLE vector."""
     gate_init: float = 1.0
     """Initial value of a scalar/vector gate."""
     output_norm: bool = True
     """RMSNorm over H after the dP -> H projection (Gemma's post_per_layer_input_norm)."""
     output_norm_init: float = 1.0
     """Initial weight of that norm; 0 makes PLE start silent (the edge reference's choice)."""
+    conv_kernel: int = field(default=0, metadata=LATER)
+    """Taps of a short depthwise causal convolution over each PLE layer's output y (Engram: 4), added as
+    y + SiLU(conv(RMSNorm(y))); its dilation is the longest n-gram order (1 for the token index). 0 = none."""
     table_init_std: float | None = None
     """Std of the table initialisation; None = the model's init_std."""
     sparse_grad: bool = False
@@ -144,6 +205,19 @@ class PLEConfig:
             raise ConfigError(f"ple.layers has duplicates: {self.layers}")
         if self.table_init_std is not None and self.table_init_std < 0:
             raise ConfigError(f"ple.table_init_std must be >= 0, got {self.table_init_std}")
+        if self.conv_kernel < 0:
+            raise ConfigError(f"ple.conv_kernel must be >= 0 (0 = no convolution), got {self.conv_kernel}")
+        if self.index not in PLE_INDEXES:
+            raise ConfigError(f"ple.index must be one of {', '.join(PLE_INDEXES)}, got {self.index!r}")
+        if self.index == "token" and self.ngram is not None:
+            raise ConfigError("ple.ngram holds the settings of the n-gram index: set ple.index = \"ngram\" (or "
+                              "remove them)")
+        if self.index == "ngram":
+            if self.vocab_size is not None:
+                raise ConfigError("ple.vocab_size sets the rows of a token table; an n-gram table's are "
+                                  "ple.ngram.rows")
+            if self.ngram is None:
+                self.ngram = NgramConfig()
 
 
 @dataclass
@@ -269,6 +343,24 @@ class ModelConfig:
             raise ConfigError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         if self.arch == "gemma4":
             self._check_gemma4()
+        if self.ple.index == "ngram":
+            self._check_ngram()
+
+    def _check_ngram(self) -> None:
+        from plelab.model.ngram import default_rows, rows_problem
+
+        if self.ple.ngram.rows is None:  # written in (new objects: a config sharing this one keeps its own)
+            ngram = dataclasses.replace(self.ple.ngram, rows=[default_rows(self.vocab_size)])
+            self.ple = dataclasses.replace(self.ple, ngram=ngram)
+        layout = self.ple_layout
+        for n, rows in zip(layout.orders, layout.rows, strict=True):
+            problem = rows_problem(rows, self.vocab_size)
+            if problem:
+                raise ConfigError(f"ple.ngram.rows: {rows:,} rows per head (order {n}) {problem}")
+        if self.ple.dim % layout.num_heads:
+            raise ConfigError(f"ple.dim = {self.ple.dim} must be a multiple of the {layout.num_heads} hash heads "
+                              f"({len(layout.orders)} orders x {layout.heads} heads): each head gives every layer "
+                              "dP / heads channels")
 
     def _check_gemma4(self) -> None:
         g = self.gemma4
@@ -346,5 +438,33 @@ class ModelConfig:
 
     @property
     def ple_vocab_size(self) -> int:
-        """Rows of the PLE table."""
+        """Rows of a token-indexed PLE table (the ids it has rows for)."""
         return self.ple.vocab_size if self.ple.vocab_size is not None else self.vocab_size
+
+    @property
+    def ple_layout(self) -> NgramLayout | None:
+        """Orders, heads, rows and hash of an n-gram table (None for the token index)."""
+        if self.ple.index != "ngram":
+            return None
+        from plelab.model.ngram import NgramLayout
+
+        g = self.ple.ngram
+        rows = g.rows * len(g.orders) if len(g.rows) == 1 else g.rows  # rows: written in by _check_ngram
+        return NgramLayout(tuple(g.orders), g.heads, tuple(rows), g.seed)
+
+    @property
+    def ple_table_rows(self) -> int:
+        """Rows of the PLE table: V_ple for the token index, every hash head's rows for the n-gram index."""
+        layout = self.ple_layout
+        return layout.total_rows if layout is not None else self.ple_vocab_size
+
+    @property
+    def ple_heads(self) -> int:
+        """Table rows one position reads (S): 1 for the token index, orders x heads for the n-gram index."""
+        layout = self.ple_layout
+        return layout.num_heads if layout is not None else 1
+
+    @property
+    def ple_row_width(self) -> int:
+        """Values in one table row: every PLE layer's slice of one head (L_ple x dP / S)."""
+        return len(self.ple_layers) * self.ple.dim // self.ple_heads

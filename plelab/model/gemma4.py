@@ -184,7 +184,7 @@ class Gemma4DecoderLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask, shared, cache))
         x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         if self.ple is not None:
-            x = x + self.ple(x, ple_input)
+            x = x + self.ple(x, ple_input, cache, self.self_attn.layer)
         return x * self.layer_scalar
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 from plelab.model.config import FFNConfig, ModelConfig
 from plelab.model.ffn import ffn_param_count, ffn_training_param_count
 from plelab.model.moe import MoE
-from plelab.model.ple import gate_shape, ple_param_count
+from plelab.model.ple import ple_layer_parts, ple_param_count
 
 PLE_PARTS = ("ple_table", "ple_model_projection", "ple_per_layer")
 
@@ -31,6 +30,20 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     parts["base_total"] = parts["total"] - parts["ple_added"]
     parts["rest"] = parts["total"] - parts["ple_table"] - parts["embedding"]
     return parts
+
+
+def ple_table_reads(cfg: ModelConfig) -> dict[str, object]:
+    """The PLE table's shape and what one token reads from it ({} without PLE): a token table gives each token one
+    row of L_ple x dP values; an n-gram table one row of L_ple x dP / S values from each of its S hash heads."""
+    if not cfg.ple_layers:
+        return {}
+    layout, S, width = cfg.ple_layout, cfg.ple_heads, cfg.ple_row_width
+    out: dict[str, object] = {"index": cfg.ple.index, "table_rows": cfg.ple_table_rows, "row_values": width}
+    if layout is not None:
+        out.update(orders=list(layout.orders), heads_per_order=layout.heads, heads=S,
+                   rows_per_head=list(layout.rows), id_map=cfg.ple.ngram.id_map)
+    out.update(rows_read_per_token=S, table_params_per_token=S * width, table_bytes_per_token_fp32=4 * S * width)
+    return out
 
 
 def layer_param_count(cfg: ModelConfig, layer: int) -> dict[str, int]:
@@ -81,14 +94,13 @@ def sweep_ple(cfg: ModelConfig, dims: list[int]) -> list[dict[str, int | float]]
 
 
 def _non_ffn_matmul_params(cfg: ModelConfig) -> int:
-    """Matmul weights outside the FFNs: attention, the output head (even when tied), PLE projections and input gate."""
+    """Matmul weights outside the FFNs: attention, the output head (even when tied), PLE projections and the
+    input / Engram gates' matrices (learned scalar / vector gates, norms and convolution taps are elementwise)."""
     c = count_params(cfg)
     head = cfg.vocab_size * cfg.hidden_size
-    n_ple, dP, H = len(cfg.ple_layers), cfg.ple.dim, cfg.hidden_size
-    ple_norms = (dP if cfg.ple.context and n_ple else 0) + (n_ple * H if cfg.ple.output_norm else 0)
-    # A learned scalar/vector gate is an elementwise product; the input gate is a matmul and stays in.
-    ple_gates = n_ple * math.prod(gate_shape(cfg)) if cfg.ple.gate != "input" else 0
-    return c["attention"] + head + c["ple_model_projection"] + c["ple_per_layer"] - ple_norms - ple_gates
+    n_ple, dP = len(cfg.ple_layers), cfg.ple.dim
+    context = c["ple_model_projection"] - (dP if cfg.ple.context and n_ple else 0)
+    return c["attention"] + head + context + (n_ple * ple_layer_parts(cfg)["matmul"] if n_ple else 0)
 
 
 def _sum_over_ffns(cfg: ModelConfig, count: Callable[[int, FFNConfig], int]) -> int:

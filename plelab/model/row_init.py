@@ -68,3 +68,12 @@ def normal_rows_(rows: torch.Tensor, std: float, generator: torch.Generator, fir
         pos = end
     _skip(generator, N + (BLOCK if tail else 0) - drawn, scratch)
     return rows
+
+
+def skip_normal_(generator: torch.Generator, numel: int) -> None:
+    """Advance `generator` exactly as `normal_` of `numel` float32 values on the CPU would, keeping nothing (a
+    table that starts at zero without being drawn, e.g. one on disk, leaves the generator where a drawn one does)."""
+    if numel < BLOCK:  # below one block torch draws another way: draw it (a few values)
+        torch.empty(numel).normal_(generator=generator)
+        return
+    _skip(generator, numel + (BLOCK if numel % BLOCK else 0), torch.empty(min(CHUNK, numel)))

@@ -4,7 +4,7 @@ A reference implementation: single-device code that knows nothing of training, c
 parallelism, written with the plain formulas. The whole forward pass, layer by layer:
 
     x   = embed(ids) [* sqrt(H)]
-    ple = PerLayerInputs(ids, x)                          (only when dP > 0)
+    ple = PerLayerInputs(ids, x)                          (only when dP > 0; token or n-gram index)
     for layer l:
         x = x + attn(norm(x))
         x = x + ffn(norm(x))
@@ -176,7 +176,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
         x = x + self.mlp(self.post_attention_layernorm(x))
         if self.ple is not None:
-            x = x + self.ple(x, ple_input)
+            x = x + self.ple(x, ple_input, cache, layer)
         return x
 
 
@@ -280,7 +280,7 @@ class LanguageModel(nn.Module):
         """Final normed hidden states (B, T, H). Ids are not checked here (no device-to-host sync per step, no
         graph break under compile): whoever makes the batch checks them (`check_token_ids`)."""
         x = self.embed(input_ids)
-        ple = self.per_layer_inputs(input_ids, x) if self.per_layer_inputs is not None else None
+        ple = self.per_layer_inputs(input_ids, x, cache=cache) if self.per_layer_inputs is not None else None
         return self.run_layers(x, ple, cache)
 
     def embed(self, input_ids: Tensor) -> Tensor:

@@ -6,6 +6,8 @@ Layout of one checkpoint directory (`RUN_DIR/checkpoints/step_00000100/`):
                          "device": the device the weights were trained on ("cpu", "cuda:0"; absent when unknown)}
     tokenizer.json      the tokenizer the model was trained with (when known)
     state.pt            optimizer, scheduler, loader, RNG and step (absent in weights-only exports)
+    ple_table_rows.safetensors   only for a PLE table trained on disk: its touched rows (plelab.runs.table_rows);
+                        model.safetensors then holds everything but the table
     manifest.json       sha256 + size of every file above; written last, so its presence marks completion
 `RUN_DIR/checkpoints/LATEST` names the newest complete checkpoint.
 
@@ -24,6 +26,7 @@ import re
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from plelab.errors import PlelabError
 from plelab.model.ffn import pack_mask, unpack_mask
 from plelab.model.transformer import LanguageModel
+from plelab.runs.table_rows import TABLE_ROWS_FILE, TABLE_WEIGHT, dense_table
 from plelab.util.dataclass_config import to_dict
 from plelab.util.fs import atomic_write_bytes, fsync_dir, sha256_file
 
@@ -65,11 +69,14 @@ def save_checkpoint(
     state: dict[str, Any] | None = None,
     tokenizer: str | Path | None = None,
     device: str | None = None,
+    extra: Callable[[Path], list[str]] | None = None,
 ) -> Path:
     """Write a complete checkpoint into `ckpt_dir` atomically (built in a temp dir, then renamed).
 
     device: the resolved training device, recorded because "auto" in the config does not say which one ran
-    (a model rebuilt from the run's seed matches only on the same kind of device)."""
+    (a model rebuilt from the run's seed matches only on the same kind of device). extra: writes more files into
+    the directory being built and returns their names (a PLE table kept on disk: `table_rows`), which the
+    manifest then covers."""
     ckpt_dir = Path(ckpt_dir)
     tmp = new_checkpoint_tmp(ckpt_dir)
     try:
@@ -92,6 +99,8 @@ def save_checkpoint(
             with _write_errors_as_oserror(tmp / "state.pt"):
                 torch.save(state, tmp / "state.pt")
             files.append("state.pt")
+        if extra is not None:
+            files += extra(tmp)
         commit_checkpoint(tmp, ckpt_dir, files)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -260,6 +269,9 @@ def read_weights(ckpt: Path, model: LanguageModel, device: str | torch.device = 
     else:
         weights = load_file(str(Path(ckpt) / "model.safetensors"), device=str(device))
     weights = unpack_mask_weights(weights, model)
+    rows_file = Path(ckpt) / TABLE_ROWS_FILE
+    if rows_file.is_file() and TABLE_WEIGHT in model.state_dict():  # a table kept on disk, into memory
+        weights[TABLE_WEIGHT] = dense_table(rows_file).to(device)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     wrong = [k for k, v in weights.items() if k in shapes and tuple(v.shape) != shapes[k]]
     if wrong:

@@ -10,9 +10,11 @@ from typing import Any, ClassVar, Literal, get_args
 
 from plelab.model.config import ModelConfig
 from plelab.model.presets import load_model_config
-from plelab.util.dataclass_config import ConfigError, apply_overrides, from_dict, read_file, to_dict
+from plelab.util.dataclass_config import LATER, ConfigError, apply_overrides, from_dict, read_file, to_dict
 from plelab.util.device import PRECISIONS, PrecisionChoice
 
+PLETableStorage = Literal["memory", "disk"]
+PLE_TABLE_STORAGES: tuple[str, ...] = get_args(PLETableStorage)
 ParallelMode = Literal["auto", "none", "ddp", "fsdp"]
 PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
 EvalSample = Literal["spread", "head", "all"]
@@ -67,6 +69,12 @@ class TrainConfig:
     """Adam beta2."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
+    ple_table: PLETableStorage = field(default="memory", metadata=LATER)
+    """Where the PLE table and its Adam moments live. memory: tensors in RAM (split by rows across ranks under
+    torchrun). disk: three memory-mapped sparse files under RUN_DIR/.ple_table/, of which a step touches only its
+    batch's rows, so a table larger than RAM trains (plelab/training/disk_table.py); one process on the CPU, with
+    sparse_ple = true and a table that starts at zero (model.ple.table_init_std = 0); checkpoints hold the rows
+    training touched."""
     sparse_ple: bool = True
     """Sparse PLE-table gradients with a lazy row-wise Adam: step cost independent of V x L x dP. The one
     switch for it: the model the run builds records it as ple.sparse_grad (plelab.training.optim.model_config_for)."""
@@ -177,6 +185,10 @@ class TrainConfig:
         if self.model.ple.sparse_grad:
             raise ConfigError("model.ple.sparse_grad is not a setting (the trainer sets it from sparse_ple on the "
                               "model it builds); remove it and set sparse_ple = true or false")
+        if self.ple_table not in PLE_TABLE_STORAGES:
+            raise ConfigError(f"ple_table must be one of {', '.join(PLE_TABLE_STORAGES)}, got {self.ple_table!r}")
+        if self.ple_table == "disk":
+            self._check_disk_table()
         if self.parallel not in PARALLEL_MODES:
             raise ConfigError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}")
         if self.eval_timeline_domains not in TIMELINE_DOMAINS:
@@ -192,6 +204,17 @@ class TrainConfig:
         if self.dtype == "bf16-head" and self.model.logit_softcap is not None:
             raise ConfigError("dtype = bf16-head changes the fused head + loss, which soft-capped logits "
                               "(model.logit_softcap) do not use: choose fp32 or bf16")
+
+    def _check_disk_table(self) -> None:
+        ple = self.model.ple
+        if ple.dim == 0:
+            raise ConfigError("ple_table = \"disk\" keeps the PLE table on disk, and model.ple.dim = 0 has none")
+        if not self.sparse_ple:
+            raise ConfigError("ple_table = \"disk\" needs the lazy Adam, which touches only a step's rows: set "
+                              "sparse_ple = true")
+        if ple.table_init_std != 0:
+            raise ConfigError("ple_table = \"disk\" starts the table at zero (a sparse file): set "
+                              "model.ple.table_init_std = 0")
 
     @property
     def context(self) -> int:

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from plelab.errors import PlelabError
 from plelab.runs.checkpoint import load_training_state, read_weights, save_checkpoint
+from plelab.training.disk_table import disk_table
 
 T = TypeVar("T")
 
@@ -157,11 +158,16 @@ class SingleProcess:
 
     def save(self, ckpt_dir: Path, model: nn.Module, optimizer: Any, train_config: dict[str, Any],  # noqa: ARG002
              state: dict[str, Any], tokenizer: Path | None) -> Path:
-        return save_checkpoint(ckpt_dir, model, train_config, state, tokenizer, device=str(self.device))
+        table = disk_table(model)  # a table on disk writes its touched rows beside the other weights
+        return save_checkpoint(ckpt_dir, model, train_config, state, tokenizer, device=str(self.device),
+                               extra=table.save_rows if table is not None else None)
 
     def load(self, ckpt: Path, model: nn.Module, optimizer: Any) -> dict[str, Any]:  # noqa: ARG002
         state = load_training_state(ckpt)  # the optimizer's state is in it: the trainer restores it
         model.load_state_dict(read_weights(ckpt, model, self.device))
+        table = disk_table(model)
+        if table is not None:
+            table.restore(ckpt)
         return state
 
     def peer_failure(self, exc: BaseException) -> str | None:  # noqa: ARG002 - there are no peers

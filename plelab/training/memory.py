@@ -17,13 +17,15 @@ W = L_ple * dP the table's row width, a = bytes per activation element (2 under 
 - optimizer: AdamW's two fp32 moments, 8 P (DDP) or 8 P / N (FSDP).
 - PLE table, vocabulary-sharded: 4 R W weights, and 8 R W optimizer state (the lazy sparse Adam keeps
   full-size moments for the rows it owns; dense AdamW the same). Gradient: sparse, one fp32 row plus an
-  int64 index per token the rank trains between optimizer steps, at most R rows once coalesced:
-  min(tokens * grad_accum, R) * (4 W + 8) (uncoalesced accumulation would grow with grad_accum); dense:
-  4 R W. The replicated figure (every rank holding the whole table, R = V_ple) is reported beside it.
+  int64 index per row read (S per token: 1 for a token table, one per hash head for an n-gram table) the rank
+  trains between optimizer steps, at most R rows once coalesced: min(tokens * S * grad_accum, R) * (4 W + 8)
+  (uncoalesced accumulation would grow with grad_accum); dense: 4 R W. The replicated figure (every rank
+  holding the whole table, R = its rows) is reported beside it. (R W is the same for both indexes at equal
+  parameters; W = L_ple x dP / S.)
   The sharded lookup (plelab.parallel.table) sends each row only to the rank whose position needs it
   (variable-size all-to-all): a rank's send buffer holds the rows it owns for all ranks' positions (about
   `tokens` rows when ids spread evenly over the vocabulary) and its receive buffer one row per own position,
-  and backward the same: a transient of 2 * tokens * 4 W (0 when N = 1; a batch whose ids all fall in one
+  and backward the same: a transient of 2 * tokens * S * 4 W (0 when N = 1; a batch whose ids all fall in one
   rank's rows makes that rank send N * tokens rows).
 - activations: bytes autograd keeps for backward per token of the reference model (`kernels = "off"`,
   what runs on CUDA) with a fused attention kernel (flash / memory-efficient SDPA: no T x T matrix):
@@ -126,6 +128,8 @@ class ParamSplit:
     table: int
     table_rows: int
     table_width: int
+    table_reads: int = 1
+    """Rows each token reads (S: one per hash head of an n-gram table)."""
 
     @classmethod
     def of(cls, cfg: ModelConfig) -> ParamSplit:
@@ -139,7 +143,8 @@ class ParamSplit:
         layer = (c["attention"] + ffn) // cfg.num_layers + 2 * cfg.hidden_size + per_layer_ple
         dense = c["total"] - c["ffn"] - c["ffn_mask"] + ffn - c["ple_table"]
         root = c["embedding"] + c["output_head"] + c["ple_model_projection"] + cfg.hidden_size
-        return cls(dense, matmul_params(cfg), layer, root, c["ple_table"], cfg.ple_vocab_size, Lp * cfg.ple.dim)
+        return cls(dense, matmul_params(cfg), layer, root, c["ple_table"], cfg.ple_table_rows,
+                   cfg.ple_row_width, cfg.ple_heads)
 
 
 Strategy = Literal["auto", "ddp", "fsdp"]
@@ -193,7 +198,7 @@ def rank_memory(req: MemoryRequest, strategy: str, micro_batch: int, grad_accum:
         copies = 0
         grads, optim = 4 * s.dense / N + 4 * (s.layer + s.root), 8 * s.dense / N
     if req.train.sparse_ple:
-        table_grad = min(tokens * grad_accum, rows) * (4 * s.table_width + 8) if s.table_width else 0
+        table_grad = min(tokens * s.table_reads * grad_accum, rows) * (4 * s.table_width + 8) if s.table_width else 0
     else:
         table_grad = 4 * table
     act = tokens * activation_bytes_per_token(cfg, act_bytes, req.activation_checkpointing)
@@ -201,7 +206,7 @@ def rank_memory(req: MemoryRequest, strategy: str, micro_batch: int, grad_accum:
         "weights": weights, "bf16_weight_copies": copies, "gradients": grads, "optimizer": optim,
         "ple_table": 4 * table, "ple_table_optimizer": 8 * table, "ple_table_gradient": table_grad,
         "activations": act, "head_transient": tokens * cfg.vocab_size * (act_bytes + 4),
-        "ple_exchange_transient": 0 if replicated_table or N == 1 else 2 * tokens * 4 * s.table_width,
+        "ple_exchange_transient": 0 if replicated_table or N == 1 else 2 * tokens * s.table_reads * 4 * s.table_width,
         "overhead": req.overhead,
     }
     parts["total"] = sum(parts.values())

@@ -85,6 +85,12 @@ class Optimizer:
         self.sparse = torch.optim.SparseAdam(sparse, lr=cfg.lr, betas=betas) if sparse else None
         self.optimizers = [o for o in (self.dense, self.sparse) if o is not None]
         self.names = {id(p): name for name, p in model.named_parameters()}
+        # Tables that keep their Adam moments themselves (a table on disk: plelab.training.disk_table): the lazy
+        # Adam starts from their moments, and the moments stay out of state_dict (their checkpoint holds them).
+        self.external = {id(m.weight): m for m in model.modules() if hasattr(m, "adam_state") and id(m.weight) in
+                         sparse_ids}
+        for table in self.external.values():
+            self.sparse.state[table.weight] = {"step": 0, **table.adam_state()}
 
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of every group."""
@@ -103,8 +109,12 @@ class Optimizer:
             opt.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, Any]:
-        """Both optimizers' states."""
-        return {"dense": self.dense.state_dict(), "sparse": self.sparse.state_dict() if self.sparse else None}
+        """Both optimizers' states (of a table that keeps its own moments, only the step)."""
+        sparse = self.sparse.state_dict() if self.sparse else None
+        for i, p in enumerate(p for g in (self.sparse.param_groups if self.sparse else []) for p in g["params"]):
+            if id(p) in self.external and i in sparse["state"]:
+                sparse["state"][i] = {"step": sparse["state"][i]["step"]}
+        return {"dense": self.dense.state_dict(), "sparse": sparse}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
@@ -114,6 +124,9 @@ class Optimizer:
         self.dense.load_state_dict(state["dense"])
         if self.sparse is not None and state.get("sparse") is not None:
             self.sparse.load_state_dict(state["sparse"])
+        for table in self.external.values():  # the moments the table itself restored, at the saved step
+            step = self.sparse.state.get(table.weight, {}).get("step", 0)
+            self.sparse.state[table.weight] = {"step": step, **table.adam_state()}
 
     def named_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Per-parameter state by parameter name: {name: {exp_avg, exp_avg_sq, step (0-dim tensor)}}.

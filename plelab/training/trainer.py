@@ -45,6 +45,7 @@ from plelab.training.callback_factory import callbacks_for
 from plelab.training.callbacks import Callback, TrainingStopped, unique_names
 from plelab.training.config import TrainConfig, train_config_dict
 from plelab.training.data_access import TrainingData
+from plelab.training.disk_table import TABLE_DIR, place_on_disk
 from plelab.training.distribution import Distribution, PeerLost, SingleProcess
 from plelab.training.initial_weights import weight_source
 from plelab.training.optim import Optimizer, grad_norm_and_clip, lr_at, model_config_for
@@ -202,6 +203,11 @@ class Trainer:
         ranks each holds only its rows of the PLE table, drawn as one process draws them (never the whole table)."""
         with torch.device("meta"):
             skeleton = LanguageModel(model_config_for(cfg), device=self.device)
+        if cfg.ple_table == "disk":
+            if self.world.distributed:
+                raise PlelabError("ple_table = \"disk\" trains in one process (on several ranks each holds its "
+                                  "rows of the table in memory already)")
+            place_on_disk(skeleton, self.run_dir / TABLE_DIR, self.device)
         return self.distribution.materialize(skeleton)
 
     @staticmethod

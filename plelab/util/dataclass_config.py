@@ -155,9 +155,31 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         raise ConfigError(f"{prefix or cls.__name__}: {exc}") from exc
 
 
+LATER = {"omit_at_default": True}
+"""Field metadata (`field(..., metadata=LATER)`) of a field added after files were written from its dataclass:
+`to_dict` leaves it out while it holds its default, so a config that does not use it is written exactly as before
+(checkpoint configs, the .ple header, hashes), and `from_dict` gives it its default back."""
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _plain(obj: Any) -> Any:
+    """`dataclasses.asdict`, leaving out LATER fields at their defaults."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.metadata.get("omit_at_default") and getattr(obj, f.name) == _default(f))}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
 def to_dict(obj: Any) -> dict[str, Any]:
-    """Plain nested dict of a dataclass config (JSON/TOML friendly)."""
-    return json.loads(json.dumps(dataclasses.asdict(obj)))
+    """Plain nested dict of a dataclass config (JSON/TOML friendly); LATER fields only where set off default."""
+    return json.loads(json.dumps(_plain(obj)))
 
 
 def parse_override(text: str) -> tuple[str, Any]:

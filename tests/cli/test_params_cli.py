@@ -121,3 +121,34 @@ def test_the_export_encoding_has_one_name_and_the_old_one_still_works(capsys):
     old = params_json(capsys, "esp32-28m", "--export-dtype", "int8")
     assert new == old and new["export_dtype"] == "int8"  # the JSON key is a file format: unchanged
     assert new["inference_bytes"] < params_json(capsys, "esp32-28m")["inference_bytes"]
+
+
+def test_ngram_table_counts_are_what_the_built_model_reads(capsys):
+    # Rows and values per token from the real model's table lookups, against what `plelab params` prints.
+    import torch
+
+    from plelab.model import LanguageModel
+
+    overrides = ["ple.index=ngram", "ple.ngram.orders=[2,3]", "ple.ngram.heads=2", "ple.ngram.rows=[257,263]"]
+    data = params_json(capsys, "tiny", *[a for o in overrides for a in ("--set", o)])
+    t = data["ple_table_index"]
+    torch.manual_seed(0)
+    model = LanguageModel(load_model_config("tiny", overrides))
+    table = model.per_layer_inputs.embed_tokens_per_layer
+    seen = []
+    table.register_forward_hook(lambda mod, args, out: seen.append((args[0].shape, out.shape)))
+    model(torch.randint(0, 256, (2, 5)))
+    (ids_shape, out_shape), = seen
+    assert ids_shape == (2, 5, t["rows_read_per_token"]) and out_shape[-1] == t["row_values"]
+    assert t["table_rows"] == table.num_embeddings == 2 * 257 + 2 * 263
+    assert t["rows_per_head"] == [257, 263] and t["heads"] == 4
+    assert t["table_params_per_token"] == 4 * out_shape[-1] == 2 * 16  # every layer's dP, over the heads
+    assert data["ple_table"] == table.weight.numel()
+    assert t["table_bytes_per_token_fp32"] == 4 * t["table_params_per_token"]
+
+
+def test_ngram_params_text_names_the_index():
+    out = plelab("params", "small-ple", "--set", "ple.index=ngram")
+    assert out.returncode == 0, out.stderr
+    assert "n-gram index: orders [2, 3] x 4 hash heads = 8 heads; rows per head 8,209 (order 2)" in out.stdout
+    assert "rows read per token" in out.stdout and "65,672" in out.stdout

@@ -237,11 +237,11 @@ def _rmsnorm_one_plus_w(self, x):
     return F.rms_norm(x.float(), (x.shape[-1],), 1 + self.weight.float(), self.eps).type_as(x)
 
 
-def _gate_exact_gelu(self, h):
+def _gate_exact_gelu(self, h, ple_input=None):
     return F.gelu(self.per_layer_input_gate(h))
 
 
-def _identity_clamped(self, input_ids):
+def _identity_clamped(self, input_ids, cache=None):
     rows = self.embed_tokens_per_layer(input_ids.clamp(0, self.vocab_size - 1)) * self.embed_scale
     return rows.view(*input_ids.shape, self.num_layers, self.dim)
 

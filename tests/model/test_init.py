@@ -97,12 +97,18 @@ def trunk(model: LanguageModel) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if id(p) not in ple}
 
 
-@pytest.mark.parametrize("extra", [[], ["ple.context=false", "ple.gate=scalar", "ple.layers=[1]"]])
+NGRAM = ["ple.index=ngram", "ple.ngram.orders=[1,2,3]", "ple.ngram.heads=2", "ple.gate=engram", "ple.conv_kernel=4",
+         "ple.context=false", "ple.output_norm=false"]
+"""An Engram-form n-gram table (dP a multiple of its 6 heads: 48, 96 below)."""
+
+
+@pytest.mark.parametrize("extra", [[], ["ple.context=false", "ple.gate=scalar", "ple.layers=[1]"], NGRAM],
+                         ids=["gemma", "simple", "ngram-engram"])
 def test_trunk_is_bit_identical_at_every_ple_width(extra: list[str]):
     base, rng_after = build(7, 0, *extra)
     ref = trunk(base)
     assert len(ref) == len(list(base.parameters()))  # dP = 0: the whole model is trunk
-    for dim in (16, 64):
+    for dim in ((48, 96) if "ple.index=ngram" in extra else (16, 64)):
         model, rng = build(7, dim, *extra)
         got = trunk(model)
         assert len(got) < len(list(model.parameters()))
@@ -111,6 +117,21 @@ def test_trunk_is_bit_identical_at_every_ple_width(extra: list[str]):
             assert torch.equal(p, ref[name]), f"dP={dim}: {name} differs from dP=0"
         # Whatever the caller draws next (data order, sampling) does not depend on dP either.
         assert torch.equal(rng, rng_after)
+
+
+def test_ngram_and_engram_parts_are_initialised():
+    torch.manual_seed(0)
+    cfg = load_model_config("tiny", ["hidden_size=64", "ple.dim=48", "ple.table_init_std=0.05", *NGRAM])
+    ple = PerLayerInputs(cfg)
+    assert ple.embed_tokens_per_layer.weight.shape == (cfg.ple_table_rows, cfg.ple_row_width)
+    assert_normal(ple.embed_tokens_per_layer.weight, 0.05, "n-gram table")
+    inj = PerLayerInjection(cfg)
+    assert_normal(inj.gate, cfg.init_std, "engram key projection")
+    for norm in (inj.gate_key_norm, inj.gate_query_norm, inj.conv.norm):
+        assert torch.equal(norm.weight, torch.ones(cfg.hidden_size))
+    # The convolution's taps start at zero: its branch adds exactly nothing to a new model.
+    assert torch.equal(inj.conv.weight, torch.zeros(cfg.hidden_size, 1, 4))
+    assert inj.conv.dilation == 3  # the longest n-gram, as Engram spaces them
 
 
 def test_another_seed_gives_another_model():

@@ -54,6 +54,10 @@ VARIANTS = [
     ["ple.gate=scalar", "ple.context=false", "ple.output_norm=false"],
     ["ple.gate=vector", "ple.layers=[0]"],
     ["tie_embeddings=false", "ple.dim=0"],
+    ["ple.index=ngram", "ple.vocab_size=none", "ple.ngram.heads=2", "ple.gate=engram", "ple.conv_kernel=4",
+     "ple.context=false"],
+    ["ple.index=ngram", "ple.vocab_size=none", "ple.ngram.orders=[1,2,3,4]", "ple.ngram.heads=1",
+     "ple.layers=[0]"],
     ["arch=gemma4"],
     ["arch=gemma4", "num_layers=4", 'gemma4.layer_types=["sliding_attention","full_attention","sliding_attention",'
      '"full_attention"]', "gemma4.attention_k_eq_v=true", "gemma4.full_kv_heads=1", "gemma4.full_head_dim=32",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from plelab.model import row_init
-from plelab.model.row_init import normal_rows_
+from plelab.model.row_init import normal_rows_, skip_normal_
 
 
 def whole_and_next(total: int, dim: int, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,3 +57,12 @@ def test_the_whole_table_is_plain_normal_and_a_bad_range_is_refused():
     assert torch.equal(rows_and_next(0, 10, 10, 4)[0], whole)
     with pytest.raises(ValueError, match="not inside"):
         normal_rows_(torch.empty(3, 4), 0.02, torch.Generator(), 9, 10)
+
+
+@pytest.mark.parametrize("numel", [1, 15, 16, 17, 100, 4101, (1 << 20) + 3])
+def test_skipping_a_draw_leaves_the_generator_where_the_draw_does(numel):
+    drawn = torch.Generator().manual_seed(5)
+    torch.empty(numel).normal_(0.0, 0.0, generator=drawn)
+    skipped = torch.Generator().manual_seed(5)
+    skip_normal_(skipped, numel)
+    assert torch.equal(torch.rand(8, generator=drawn), torch.rand(8, generator=skipped))

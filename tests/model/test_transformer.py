@@ -18,6 +18,9 @@ def tiny(*overrides: str) -> LanguageModel:
     return LanguageModel(load_model_config("tiny", list(overrides)))
 
 
+NGRAM = ["ple.index=ngram", "ple.ngram.orders=[1,2,3]", "ple.ngram.heads=2", "ple.dim=24"]
+
+
 def test_dp_zero_is_exactly_the_baseline():
     model = tiny("ple.dim=0")
     assert model.per_layer_inputs is None
@@ -26,9 +29,10 @@ def test_dp_zero_is_exactly_the_baseline():
     assert not any("per_layer" in n or ".ple." in n for n in names)
 
 
-def test_silent_ple_leaves_logits_of_the_same_core_unchanged():
+@pytest.mark.parametrize("table", ["token", "ngram"])
+def test_silent_ple_leaves_logits_of_the_same_core_unchanged(table):
     # With the output norm at zero, PLE adds exactly nothing: same core weights -> same logits.
-    with_ple = tiny("ple.output_norm_init=0")
+    with_ple = tiny("ple.output_norm_init=0", *(NGRAM if table == "ngram" else []))
     base = LanguageModel(load_model_config("tiny", ["ple.dim=0"]))
     base.load_state_dict({k: v for k, v in with_ple.state_dict().items() if k in base.state_dict()})
     ids = torch.randint(0, 256, (2, 16))
@@ -49,6 +53,41 @@ def test_kv_cache_decoding_matches_full_forward():
     ref_h = model.hidden_states(ids)
     assert torch.allclose(chunk, ref_h[:, 9:15], atol=1e-5)
     assert torch.allclose(torch.cat(steps, 1), full[:, 15:], atol=1e-5)
+
+
+@pytest.mark.parametrize("extra", [[], ["ple.gate=engram", "ple.conv_kernel=3", "ple.context=false"]],
+                         ids=["gemma-gate", "engram-gate-conv"])
+def test_kv_cache_decoding_of_an_ngram_table_matches_full_forward(extra):
+    # Each position's rows depend on the ids before it and the convolution on earlier outputs: a cached decode
+    # must bring both across calls.
+    model = tiny(*NGRAM, *extra).eval()
+    for layer in model.layers:
+        if layer.ple.conv is not None:  # taps start at zero; give them values so the test can see them
+            torch.nn.init.normal_(layer.ple.conv.weight, std=0.5)
+    ids = torch.randint(0, 256, (2, 24))
+    full = model(ids)[0]
+    cache = KVCache.empty(model.config, 2, 24)
+    model(ids[:, :9], cache=cache)
+    chunk = model.hidden_states(ids[:, 9:15], cache=cache)
+    steps = [model(ids[:, t : t + 1], cache=cache)[0] for t in range(15, 24)]
+    assert torch.allclose(chunk, model.hidden_states(ids)[:, 9:15], atol=1e-5)
+    assert torch.allclose(torch.cat(steps, 1), full[:, 15:], atol=1e-5)
+
+
+def test_an_ngram_position_reads_one_row_per_head_and_depends_only_on_its_suffix():
+    model = tiny(*NGRAM)
+    inputs = model.per_layer_inputs
+    rows = inputs.index.rows(torch.tensor([[7, 8, 9, 10]]))
+    assert rows.shape == (1, 4, 6)
+    assert model.per_layer_inputs.embed_tokens_per_layer.weight.shape == (6 * 257, 2 * 24 // 6)
+    # Order-3 heads see positions t-2..t; changing id 7 (position 0) moves rows of positions 0-2 only.
+    moved = inputs.index.rows(torch.tensor([[99, 8, 9, 10]]))
+    assert torch.equal(moved[0, 3], rows[0, 3]) and not torch.equal(moved[0, 2], rows[0, 2])
+    # Layer l's vector is slice l of every head's row, heads side by side.
+    table = inputs.embed_tokens_per_layer.weight
+    got = inputs.identity(torch.tensor([[7, 8, 9, 10]]))[0, 1, 1] / inputs.embed_scale
+    want = torch.cat([table[r, 4:8] for r in rows[0, 1]])
+    assert torch.allclose(got, want)
 
 
 def test_ple_on_a_subset_of_layers():
@@ -105,8 +144,13 @@ def test_ple_ids_outside_ple_vocab_use_row_zero():
     assert not torch.equal(ident[0, 2], ident[0, 1])
 
 
-def test_gradients_reach_every_parameter():
-    model = tiny("ffn.kind=mglu")
+@pytest.mark.parametrize("extra", [["ffn.kind=mglu"], [*NGRAM, "ple.gate=engram", "ple.conv_kernel=4"]],
+                         ids=["mglu", "ngram-engram-conv"])
+def test_gradients_reach_every_parameter(extra):
+    model = tiny(*extra)
+    for layer in model.layers:  # zero taps pass gradient to themselves only, not through them
+        if getattr(layer.ple, "conv", None) is not None:
+            torch.nn.init.normal_(layer.ple.conv.weight, std=0.5)
     ids = torch.randint(0, 256, (2, 12))
     _, loss = model(ids, ids)
     loss.backward()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 from dist_helpers import losses, make_dataset, ok, plelab, rel_close, torchrun, write_config
 
+from plelab.data.tokenizer import Tokenizer
 from plelab.inference.load import load_model
+from plelab.model.ngram import build_id_map, id_map_document
 from plelab.parallel.checkpoint import TABLE_WEIGHT
 from plelab.runs.checkpoint import SHARDED_MODEL_PREFIX, SHARDED_OPTIM_PREFIX, is_sharded, resolve_checkpoint
 
@@ -82,7 +85,9 @@ def test_resume_across_world_sizes_gives_the_uninterrupted_losses(runs, tmp_path
 
 
 @pytest.mark.slow  # multi-process / GiB-scale: `python3 -m pytest -m slow` (README)
-def test_fsdp_gives_the_one_process_losses_and_table(runs):
+@pytest.mark.parametrize("which", ["runs", "ngram_runs"], ids=["token", "ngram"])
+def test_fsdp_gives_the_one_process_losses_and_table(which, request):
+    runs = request.getfixturevalue(which)
     ok(torchrun("train", "train.toml", "--out", "fsdp", "--quiet", "--set", "parallel=fsdp", cwd=runs))
     rel_close(losses(runs / "fsdp"), losses(runs / "one"))
     one, _ = load_model(runs / "one")
@@ -99,3 +104,39 @@ def test_eval_generate_diagnose_export_accept_a_sharded_checkpoint(runs, tmp_pat
     ok(plelab("diagnose", run, "--data", str(runs / "data"), "--batches", "1", "--batch-size", "2"))
     ok(plelab("export", run, "--out", str(tmp_path / "two.ple")))
     assert (tmp_path / "two.ple").stat().st_size > 0
+
+
+NGRAM = ('[model.ple]\nindex = "ngram"\ngate = "engram"\nconv_kernel = 2\n'
+         '[model.ple.ngram]\norders = [1, 2]\nheads = 2\n')
+"""An n-gram table (4 heads of 263 rows, 2 layers x 16 / 4 per row) with Engram's gate and convolution."""
+
+
+@pytest.fixture(scope="module")
+def ngram_runs(tmp_path_factory) -> Path:
+    """One process and 2 DDP ranks training the n-gram table: its hashed rows are sharded like token rows."""
+    root = tmp_path_factory.mktemp("dist-ngram")
+    make_dataset(root)
+    config = write_config(root, max_steps=4, ckpt_every=4, warmup_steps=2, log_every=1, dtype="fp32", device="cpu")
+    # With the token-id compression map too: a buffer every rank reads from the file, saved with the weights.
+    tok = Tokenizer.load(root / "data" / "tokenizer.json")
+    (root / "idmap.json").write_text(json.dumps(id_map_document(build_id_map(258, lambda i: tok.decode([i])))))
+    config.write_text(config.read_text() + NGRAM + f'id_map = "{root / "idmap.json"}"\n')
+    ok(plelab("train", "train.toml", "--out", "one", "--quiet", cwd=root))
+    ok(torchrun("train", "train.toml", "--out", "two", "--quiet", cwd=root))
+    return root
+
+
+def test_an_ngram_table_trains_on_two_ranks_as_in_one_process(ngram_runs):
+    rel_close(losses(ngram_runs / "two"), losses(ngram_runs / "one"))
+    ckpt = resolve_checkpoint(ngram_runs / "two")
+    one, _ = load_model(ngram_runs / "one")
+    two, _ = load_model(ngram_runs / "two")
+    assert one.config.ple_table_rows == 4 * 263  # the smallest prime above the 258 ids
+    assert len(set(one.state_dict()["per_layer_inputs.index.id_map"].tolist())) < 258
+    for k, v in one.state_dict().items():
+        torch.testing.assert_close(two.state_dict()[k], v, rtol=1e-4, atol=3e-5, msg=k)
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    chunks = sorted((c.offsets[0], c.sizes[0]) for c in meta[SHARDED_MODEL_PREFIX + TABLE_WEIGHT].chunks)
+    assert chunks == [(0, 526), (526, 526)]  # each rank wrote (and held) half of the hashed rows

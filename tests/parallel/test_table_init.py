@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from dist_helpers import ENV, make_dataset, write_config
 
@@ -28,19 +29,27 @@ def run_worker(root: Path, name: str, nproc: int) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
 
 
-def test_two_ranks_rows_of_the_table_equal_the_one_process_table_bit_for_bit(tmp_path):
+# Token table: 259 rows x 2 layers x 6. N-gram table: 3 heads of 263 rows (orders 1-3) x 2 layers x 6 / 3 = 789
+# rows of 4. Neither the rank boundary nor the table's end falls on torch's 16-value block in either.
+TABLES = {"token": ("dim = 6\nvocab_size = 259\n", 259, 130),
+          "ngram": ('dim = 6\nindex = "ngram"\n[model.ple.ngram]\norders = [1, 2, 3]\nheads = 1\nrows = [263]\n',
+                    789, 395)}
+
+
+@pytest.mark.parametrize("kind", list(TABLES))
+def test_two_ranks_rows_of_the_table_equal_the_one_process_table_bit_for_bit(tmp_path, kind):
     make_dataset(tmp_path)
-    # 259 rows x 2 layers x 6: neither the rank boundary nor the table's end falls on torch's 16-value block.
+    section, rows, half = TABLES[kind]
     write_config(tmp_path, dtype="fp32", device="cpu", eval_data="")
     config = tmp_path / "train.toml"
-    config.write_text(config.read_text() + "[model.ple]\ndim = 6\nvocab_size = 259\n")
+    config.write_text(config.read_text() + "[model.ple]\n" + section)
     ranks = run_worker(tmp_path, "two", 2)
     one = Trainer(load_train_config(config), tmp_path / "one", quiet=True)
     one.close()
     whole = one.model.state_dict()[TABLE_WEIGHT]
-    assert whole.shape[0] == 259 and whole.numel() % 16 and 130 * whole.shape[1] % 16
-    assert [r["lo"] for r in ranks] == [0, 130]
-    assert [r["state"][TABLE_WEIGHT].shape[0] for r in ranks] == [130, 129]  # each rank holds only its rows
+    assert whole.shape[0] == rows and whole.numel() % 16 and half * whole.shape[1] % 16
+    assert [r["lo"] for r in ranks] == [0, half]
+    assert [r["state"][TABLE_WEIGHT].shape[0] for r in ranks] == [half, rows - half]  # each rank holds its rows
     assert torch.equal(torch.cat([r["state"][TABLE_WEIGHT] for r in ranks]), whole)
     for r in ranks:  # the rest of the model too (the PLE generator ends where the whole table leaves it)
         for name, value in one.model.state_dict().items():

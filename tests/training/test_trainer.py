@@ -59,8 +59,18 @@ def test_training_lowers_the_loss_and_writes_everything(setup):
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"} <= set(line)
 
 
-def test_kill_9_at_a_random_moment_then_resume_gives_the_exact_same_final_loss(setup):
-    cfg = write_config(setup, max_steps=24, ckpt_every=3)
+NGRAM = ('[model.ple]\nindex = "ngram"\ngate = "engram"\nconv_kernel = 4\ncontext = false\n'
+         '[model.ple.ngram]\norders = [2, 3]\nheads = 2\n')
+"""An n-gram table (hashed rows, lazy Adam over them) with Engram's gate and convolution."""
+
+
+@pytest.mark.parametrize("table", ["token", "ngram", "ngram-on-disk"])
+def test_kill_9_at_a_random_moment_then_resume_gives_the_exact_same_final_loss(setup, table):
+    # On disk the table's files are mid-step when the kill lands: resume rebuilds them from the checkpoint.
+    cfg = write_config(setup, max_steps=24, ckpt_every=3, **({"ple_table": "disk"} if "disk" in table else {}))
+    if table != "token":
+        cfg.write_text(cfg.read_text() + NGRAM.replace("[model.ple]\n", "[model.ple]\ntable_init_std = 0.0\n"
+                                                       if "disk" in table else "[model.ple]\n"))
     ref = train_cli(cfg, setup / "ref")
     assert ref.wait(timeout=300) == 0, ref.stderr.read()
     rng = random.Random(os.getpid())

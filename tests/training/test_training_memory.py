@@ -32,10 +32,10 @@ from plelab.util.device import choose_precision
 STATED_ERROR = 0.01  # docs/scaling.md quotes this bound
 
 
-def small_train(dP: int = 32, ffn: dict | None = None, **fields):
+def small_train(dP: int = 32, ffn: dict | None = None, ple: dict | None = None, **fields):
     """A small config that none of the planner's coefficients were fitted on (odd head counts, H = 80)."""
     model = dict(vocab_size=1000, hidden_size=80, num_layers=3, num_heads=5, num_kv_heads=1, max_seq_len=64,
-                 ffn=dict(intermediate_size=200, **(ffn or {})), ple=dict(dim=dP), kernels="off")
+                 ffn=dict(intermediate_size=200, **(ffn or {})), ple=dict(dim=dP, **(ple or {})), kernels="off")
     return load_train_config({"model": model, "batch_size": 4, "seq_len": 64, **fields})
 
 
@@ -101,11 +101,14 @@ def test_checkpointing_estimate_matches_the_measured_peak(dtype, dP):
 
 
 # A pruned FFN trains at intermediate_size (its weights, gradients and Adam state) until export removes units.
-@pytest.mark.parametrize("ffn", [{}, {"kind": "pruned", "prune_to": 50}, {"kind": "mglu", "mask_count": 2},
-                                 {"kind": "moe", "num_experts": 4, "top_k": 2, "expert_size": 40}],
-                         ids=["swiglu", "pruned", "mglu", "moe"])
-def test_weights_gradients_and_optimizer_state_match_a_real_step(ffn):
-    train = small_train(32, ffn)
+# An n-gram table (4 heads of 1009 rows) reads 4 rows per token: 512 gradient rows for the step's 128 tokens.
+@pytest.mark.parametrize("ffn, ple", [({}, {}), ({"kind": "pruned", "prune_to": 50}, {}),
+                                      ({"kind": "mglu", "mask_count": 2}, {}),
+                                      ({"kind": "moe", "num_experts": 4, "top_k": 2, "expert_size": 40}, {}),
+                                      ({}, {"index": "ngram", "ngram": {"orders": [1, 2], "heads": 2}})],
+                         ids=["swiglu", "pruned", "mglu", "moe", "ngram-table"])
+def test_weights_gradients_and_optimizer_state_match_a_real_step(ffn, ple):
+    train = small_train(32, ffn, ple)
     torch.manual_seed(0)
     model = LanguageModel(model_config_for(train))
     opt = Optimizer(model, train)
@@ -127,7 +130,7 @@ def test_weights_gradients_and_optimizer_state_match_a_real_step(ffn):
     assert parts["weights"] + parts["ple_table"] == weights
     assert parts["gradients"] == dense_grads
     assert parts["optimizer"] + parts["ple_table_optimizer"] == state
-    # B * T = 128 tokens, fewer than the table's 1000 rows: one gradient row (and index) per token.
+    # B * T = 128 tokens (x 4 heads), fewer than the table's rows: one gradient row (and index) per row read.
     assert parts["ple_table_gradient"] == sparse_grad
 
 

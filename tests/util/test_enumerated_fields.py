@@ -28,18 +28,19 @@ def test_the_enumerated_fields_are_literals():
     assert literal_fields(TrainConfig) == {"dtype": ("auto", "bf16", "bf16-head", "fp32"),
                                            "parallel": ("auto", "none", "ddp", "fsdp"),
                                            "eval_sample": ("spread", "head", "all"),
-                                           "eval_timeline_domains": ("all", "heldout")}
+                                           "eval_timeline_domains": ("all", "heldout"),
+                                           "ple_table": ("memory", "disk")}
     assert literal_fields(ExportOptions) == {"quant": EXPORT_QUANTS}
     assert literal_fields(SweepOptions)["match_ffn"] == ("", *BUDGETS)
     assert literal_fields(SourceOptions)["format"] == ("auto", *KINDS)
     assert set(literal_fields(FFNConfig)) == {"kind", "prune_importance"}
-    assert set(literal_fields(PLEConfig)) == {"gate"}
+    assert set(literal_fields(PLEConfig)) == {"gate", "index"}
     assert {"arch", "kernels"} <= set(literal_fields(ModelConfig))
 
 
 @pytest.mark.parametrize(("override", "field"), [
     ("dtype=float16", "dtype"), ("parallel=tp", "parallel"), ("model.ffn.kind=glu", "ffn.kind"),
-    ("model.ple.gate=sigmoid", "gate")])
+    ("model.ple.gate=sigmoid", "gate"), ("model.ple.index=hashed", "index"), ("ple_table=ram", "ple_table")])
 def test_a_value_outside_the_choices_is_one_line_naming_them(override, field):
     with pytest.raises(ConfigError, match=field) as err:
         load_train_config({}, [override])
