@@ -21,8 +21,8 @@ from plelab.errors import PlelabError
 from plelab.util.cbuild import CBuildError, c_compiler
 
 C_DIR = Path(__file__).with_name("c")
-LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_kernels.c")
-HEADERS = ("ple.h", "ple_kernels.h", "ple_kcheck.h", "devices.inc", "ple_mutate.h")
+LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_int_kernels.c")
+HEADERS = ("ple.h", "ple_float_simd.h", "ple_int_kernels.h", "ple_kcheck.h", "devices.inc", "ple_mutate.h")
 # program -> its sources besides LIBRARY (plektest: the integer kernels' self-check, ple_kcheck.h)
 PROGRAMS = {"plerun": ("plerun.c",), "plefuzz": ("plefuzz.c",), "plektest": ("plektest.c", "ple_kcheck.c")}
 # fp-contract: let a * b + c become one fused multiply-add (C99 mode turns it off; +40% int4 tok/s here)

@@ -107,14 +107,14 @@ BOARDS = {
     "mps3-an547": Board("mps3-an547", "Cortex-M55 + Helium", ("-mcpu=cortex-m55", "-mfloat-abi=hard"),
                         "SSE_COUNTER", 0x58100000, 0x48101000, 32_000_000, ("portable", "helium")),
 }
-# ple.h's compile-time kernel switch (-DPLE_KERNEL=...): the integer kernels of the int8 path (ple_kernels.h), and
+# ple.h's compile-time kernel switch (-DPLE_KERNEL=...): the integer kernels of the int8 path (ple_int_kernels.h), and
 # for the float path plain C loops (portable) or the compiler's vector extensions (the others). No switch: the
 # best the core has.
 KERNELS = {k: f"-DPLE_KERNEL=PLE_KERNEL_{k.upper()}" for k in ("portable", "vector", "dsp", "helium")}
 SOURCES = (*(C_DIR / s for s in c_engine.LIBRARY), MCU_DIR / "startup.c", MCU_DIR / "plemcu.c",
            MCU_DIR / "ple_storage_flash.c", C_DIR / "ple_kcheck.c")
 # -Wstack-usage: no function may take more than 4 KiB of stack (an ESP-IDF task's whole stack can be 3.5 KiB)
-# -mfp16-format=ieee: fp16 scales convert in one instruction (VCVTB) where the FPU has it (ple_kernels.h: ple_f16)
+# -mfp16-format=ieee: fp16 scales convert in one instruction (VCVTB) where the FPU has it (ple_int_kernels.h: ple_f16)
 COMPILE_FLAGS = ("-std=gnu99", "-O2", "-Wall", "-Wextra", "-Werror", "-Wstack-usage=4096", "-ffp-contract=fast",
                  "-ffunction-sections", "-fdata-sections", "-mfp16-format=ieee", "-DPLE_BARE_METAL")
 PARTITION_ALIGN = 4096  # flash erase block: the partition ends on one, padded with 0xff (erased flash)

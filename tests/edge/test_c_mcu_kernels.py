@@ -1,4 +1,4 @@
-"""The microcontroller kernels (plelab/edge/c/ple_kernels.h) on the host: int8 activations, int8 KV, greedy head skip.
+"""The microcontroller kernels (plelab/edge/c/ple_int_kernels.h) on the host: int8 activations, int8 KV, greedy head skip.
 
 Kernel level: plektest runs the built integer kernel against a scalar reference in the same binary (bit for bit)
 on odd sizes, and every case is recomputed here in NumPy. Model level: the C engine's int8 paths against the NumPy

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#include "ple_kernels.h"
+#include "ple_int_kernels.h"
 
 static uint32_t rng(uint32_t *s) { /* xorshift32 */
     *s ^= *s << 13;

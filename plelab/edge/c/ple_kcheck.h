@@ -1,4 +1,4 @@
-/* Self-check of the integer kernels (ple_kernels.h) on the target itself: the kernel this build selected against a
+/* Self-check of the integer kernels (ple_int_kernels.h) on the target itself: the kernel this build selected against a
  * plain scalar reference compiled into the same binary, on odd sizes. Run by plektest on the host and by the
  * bare-metal harness's `plemcu kernels` under QEMU (tests/edge/test_c_mcu_kernels.py). */
 #ifndef PLE_KCHECK_H

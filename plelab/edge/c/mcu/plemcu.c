@@ -23,9 +23,8 @@
 
 #include "board.h"
 #include "ple.h"
-#include "ple_kernels.h"
+#include "ple_int_kernels.h"
 #include "ple_kcheck.h"
-#include "ple_kernels.h"
 #include "ple_mutate.h"
 #include "ple_storage_flash.h"
 

@@ -1,4 +1,4 @@
-/* Integer kernels (ple_kernels.h): activation quantisation, the shared dot-product driver, and the three
+/* Integer kernels (ple_int_kernels.h): activation quantisation, the shared dot-product driver, and the three
  * compile-time implementations of its inner runs (portable C, Arm DSP, Arm Helium).
  *
  * The driver walks a vector's group segments; inside a segment it sums scalar values until the activation index
@@ -7,7 +7,7 @@
  * the portable kernel's result bit for bit; only the one float multiply-add per segment rounds, in the same order
  * for all of them.
  */
-#include "ple_kernels.h"
+#include "ple_int_kernels.h"
 
 #include <string.h>
 

@@ -15,7 +15,7 @@
  * kernel the target cannot run is a compile error. ple_kernel_name() says which one was built.
  *
  * Where another SIMD slots in (an ESP32-S3 PIE kernel, say): an implementation is three functions in
- * ple_kernels.c: kact_layout (re-lay the int8 codes for its loads, once per activation and weight dtype), kseg_i4
+ * ple_int_kernels.c: kact_layout (re-lay the int8 codes for its loads, once per activation and weight dtype), kseg_i4
  * and kseg_i8 (the exact int32 sum of one aligned run inside a group segment), plus its ALIGN_I4 / ALIGN_I8.
  * Add a block beside the DSP and Helium ones under a new PLE_KERNEL_ value; the driver (rows, groups, unaligned
  * heads and tails, scales, the float multiply-add per group) stays shared, so every kernel must equal the
