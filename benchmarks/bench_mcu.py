@@ -60,7 +60,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quant", default="int4", choices=["int4", "int8", "fp16", "fp32"], help="export encoding")
     p.add_argument("--group", type=options.positive_int, default=128, help="quantisation group (default 128)")
     p.add_argument("--board", action="append", choices=list(mcu.BOARDS), help="board(s) (default: both)")
-    p.add_argument("--kernel", action="append", choices=[k for k in mcu.KERNELS if k != "vector"],
+    p.add_argument("--kernel", action="append", choices=sorted({k for b in mcu.BOARDS.values() for k in b.int_kernels}),
                    help="integer kernel(s) for the int8 path (default: every kernel the board's core runs)")
     p.add_argument("--no-fp32", action="store_true", help="skip the float reference path")
     p.add_argument("--steps", type=options.positive_int, default=8, help="positions run, prompt included (default 8)")
@@ -100,8 +100,8 @@ def active_parameters(model: Path) -> dict[str, int]:
             "note": "gathered per token, not counted: the PLE record and the embedding row"}
 
 
-# the float path's two builds: plain C loops, and the compiler's vector extensions (the default with GCC)
-FLOAT_KERNELS = ("portable", "vector")
+# the float path's two builds: plain C loops, and the float SIMD paths in GCC's vector extensions
+FLOAT_BUILDS = ("portable", "vector")
 # name -> (plemcu options, whether it uses an integer kernel)
 PATHS = {"fp32": ({}, False), "int8": ({"act": "int8", "kv": "int8"}, True),
          "int8_head_skip": ({"act": "int8", "kv": "int8", "head_skip": True}, True)}
@@ -148,12 +148,14 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python3 " + shlex.join(["benchmarks/bench_mcu.py", *(sys.argv[1:] if argv is None else argv)])
     from plelab.edge import mcu
 
-    missing = mcu.missing_tools()
+    missing = list(dict.fromkeys(p for b in args.boards for p in mcu.missing_tools(b)))
     if missing:
         raise PlelabError(f"needs {', '.join(missing)} (bash scripts/setup.sh --test installs them)")
     t_start = time.perf_counter()
-    gcc = subprocess.run([mcu.ARM_GCC, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    qemu = subprocess.run([mcu.QEMU_ARM, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    toolchain = {}
+    for tc in dict.fromkeys(mcu.BOARDS[b].toolchain for b in args.boards):
+        for tool in (tc.cc, tc.qemu):
+            toolchain[tool] = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     boards: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench_mcu.") as work:
         model = export(args.preset, args.overrides, args.quant, args.group, Path(work) / "model.ple")
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
             for path, (options, integer) in PATHS.items():
                 if path == "fp32" and args.no_fp32:
                     continue
-                for kernel in (args.kernel or list(b.kernels)) if integer else FLOAT_KERNELS:
+                for kernel in (args.kernel or list(b.int_kernels)) if integer else FLOAT_BUILDS:
                     runs[f"{path}/{kernel}"] = run_one(board, kernel, options, model, args, params["total"])
             ran = [r for r in runs.values() if "tokens" in r]
             best = min(ran, key=lambda r: r["instructions_per_token"]) if ran else None
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
                            "instruction counts"],
             "published_esp32_s3": PUBLISHED_S3,
         },
-        "toolchain": {"gcc": gcc, "qemu": qemu},
+        "toolchain": toolchain,
         "boards": boards,
         "wall_s": time.perf_counter() - t_start,
     }

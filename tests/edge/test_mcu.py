@@ -134,7 +134,7 @@ def test_every_integer_kernel_builds_with_werror_and_gives_the_host_ids(models):
     model = models["gemma_int4"]
     host = c_engine.run(model, PROMPT, STEPS, device="esp32-s3", cflags="-O2", extra=HOST_FLAGS["int8"])
     for board in BOARDS:
-        best = mcu.BOARDS[board].kernels[-1]  # what a build without the switch picks: DSP on the M7, Helium on the M55
+        best = mcu.BOARDS[board].int_kernels[-1]  # a build without the switch: DSP on the M7, Helium on the M55
         for kernel, name in ((None, best), ("portable", "portable")):
             r = mcu.run_model(board, model, PROMPT, STEPS, kernel=kernel, **PATHS["int8"])
             assert r["kernel"] == name and r["tokens"] == host["tokens"], (board, kernel)

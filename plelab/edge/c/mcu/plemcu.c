@@ -31,8 +31,14 @@
 #ifndef PLE_MCU_BOARD
 #define PLE_MCU_BOARD "unknown"
 #endif
-#define MAX_ARGS 16
-#define MAX_STEPS 1024
+#ifndef PLE_MCU_CMDLINE_BYTES
+#define PLE_MCU_CMDLINE_BYTES 8192 /* the semihosting command line, terminating zero included (plelab/edge/mcu.py) */
+#endif
+#ifndef PLE_MCU_MAX_STEPS
+#define PLE_MCU_MAX_STEPS 1024
+#endif
+#define MAX_ARGS 32
+#define MAX_STEPS PLE_MCU_MAX_STEPS
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...) {
@@ -80,6 +86,13 @@ static long arg_long(int argc, char **argv, const char *name, long fallback) {
     return x;
 }
 
+/* A count that must be at least 1 (cases, loops, steps): a zero or negative one is refused, not run as none. */
+static long arg_count(int argc, char **argv, const char *name, long fallback) {
+    long x = arg_long(argc, argv, name, fallback);
+    if (x < 1) die("%s must be at least 1, got %ld", name, x);
+    return x;
+}
+
 /* One region per device tier: the board's SRAM arena for a tier named sram, its PSRAM region for psram. */
 static void board_regions(const ple_device *dev, ple_region *reg, board_region psram) {
     board_region sram = board_sram_arena();
@@ -123,7 +136,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
 
     static uint32_t tokens[MAX_STEPS + 1];
     static uint64_t ticks[MAX_STEPS];
-    long n_prompt = 0, steps = arg_long(argc, argv, "--steps", 8);
+    long n_prompt = 0, steps = arg_count(argc, argv, "--steps", 8);
     for (char *p = (char *)arg_value(argc, argv, "--ids", "1"); *p;) {
         char *end;
         long v = strtol(p, &end, 10);
@@ -181,7 +194,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
 }
 
 static int fuzz(int argc, char **argv, const ple_device *dev) {
-    long cases = arg_long(argc, argv, "--cases", 200), seed = arg_long(argc, argv, "--seed", 1);
+    long cases = arg_count(argc, argv, "--cases", 200), seed = arg_long(argc, argv, "--seed", 1);
     size_t n;
     const uint8_t *flash = board_model(&n);
     ple_storage st;
@@ -237,8 +250,7 @@ static int fuzz(int argc, char **argv, const ple_device *dev) {
 /* A loop of exactly 2 * n instructions (subs, taken bne) between two timer reads: the harness's check that the
  * timer counts instructions (qemu -icount shift=0) at the clock the build says. */
 static int calibrate(int argc, char **argv) {
-    uint32_t n = (uint32_t)arg_long(argc, argv, "--loops", 1000000);
-    if (n == 0) die("--loops must be positive");
+    uint32_t n = (uint32_t)arg_count(argc, argv, "--loops", 1000000);
     board_timer_start();
     uint64_t t0 = board_timer_ticks();
     __asm__ volatile("1: subs %0, %0, #1\n bne 1b" : "+r"(n) : : "cc");
@@ -256,8 +268,8 @@ static int kernels(int argc, char **argv) {
     uint8_t *mem = psram.base + (16 - (uintptr_t)psram.base % 16) % 16;
     ple_kcheck_result r;
     board_timer_start();
-    ple_kcheck((uint32_t)arg_long(argc, argv, "--seed", 1), (uint32_t)arg_long(argc, argv, "--cases", 2000), NULL, mem,
-               &r);
+    ple_kcheck((uint32_t)arg_long(argc, argv, "--seed", 1), (uint32_t)arg_count(argc, argv, "--cases", 2000), NULL,
+               mem, &r);
     printf("{\"mode\": \"kernels\", \"board\": \"%s\", \"kernel\": \"%s\", \"cases\": %" PRIu32
            ", \"mismatches\": %" PRIu32 ", \"first_bad\": %" PRIu32 ", \"digest\": \"%08" PRIx32 "\", \"ticks\": %llu}\n",
            PLE_MCU_BOARD, ple_kernel_name(), r.cases, r.mismatches, r.first_bad, r.digest,
@@ -284,7 +296,7 @@ static int fault(int argc, char **argv) {
 }
 
 int main(void) {
-    static char line[512];
+    static char line[PLE_MCU_CMDLINE_BYTES];
     char *argv[MAX_ARGS];
     if (board_cmdline(line, sizeof line)) die("no command line (run under qemu-system-arm -semihosting-config)");
     int argc = split_args(line, argv);
