@@ -209,3 +209,60 @@ def test_a_fault_ends_in_one_message_and_status_3(board, models):
 def test_setup_installs_the_packages_the_mcu_tests_need():
     setup = (Path(__file__).parents[2] / "scripts" / "setup.sh").read_text()
     assert f'mcu_packages="{" ".join(mcu.DEBIAN_PACKAGES)}"' in setup
+
+
+# ---- what a user types wrong: refused in one line, before any work (issue 37, items 11, 12, 14, 15) ----------
+
+
+@needs_mcu
+@pytest.mark.parametrize("mode, count", [("fuzz", "--cases"), ("kernels", "--cases"), ("calibrate", "--loops"),
+                                         ("run", "--steps")])
+def test_the_harness_refuses_a_count_below_one(models, mode, count):
+    """`fuzz --cases -5` once ran no case and passed."""
+    for value in ("-5", "0"):
+        run = mcu_run("mps2-an500", models["gemma_int4"], mode, count, value, timeout=30)
+        assert run.returncode == 2 and run.message == f"{count} must be at least 1, got {value}", run.message
+
+
+def test_plelab_mcu_refuses_negative_counts_and_timeouts_in_one_line(capsys):
+    from plelab.cli.main import main
+
+    for argv in (["mcu", "fuzz", "--cases", "-5"], ["mcu", "run", "m.ple", "--timeout", "-1"],
+                 ["mcu", "kernels", "--cases", "0"], ["mcu", "calibrate", "--loops", "-2"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and argv[-2] in err, err
+    with pytest.raises(mcu.McuError, match="cases must be a positive integer, got -5"):
+        mcu.fuzz_args(-5)
+
+
+def test_a_negative_timeout_is_refused_not_taken_for_a_hang(models):
+    with pytest.raises(mcu.McuError, match="the timeout must be a positive number of seconds, got -1"):
+        mcu.run_image("mps2-an500", models["gemma_int4"], ["calibrate"], timeout=-1)
+
+
+def test_an_unwritable_build_cache_is_one_line_naming_plelab_cache(models, tmp_path, monkeypatch, capsys):
+    """A path under a regular file cannot be created, even by root (a read-only folder can be, by root)."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("PLELAB_CACHE", str(blocker / "cache"))
+    with pytest.raises(mcu.McuError, match=f"cannot write built binaries to {blocker}/cache/mcu.*PLELAB_CACHE="):
+        mcu.build_image("mps2-an500", models["gemma_int4"])
+    from plelab.cli.main import main
+
+    assert main(["mcu", "build", str(models["gemma_int4"])]) == 2
+    err = capsys.readouterr().err
+    assert "set PLELAB_CACHE to a writable folder" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_model_bigger_than_the_boards_flash_is_refused_before_it_is_read_or_anything_built(tmp_path, monkeypatch):
+    """`mcu build` once read a 3 GB file wholly into memory, then failed to link it."""
+    monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))
+    big = tmp_path / "big.ple"
+    with open(big, "wb") as f:  # sparse, four flashes' worth: a regression that reads it costs 64 MiB, not 3 GB
+        f.truncate(64 << 20)
+    for board in BOARDS:
+        with pytest.raises(mcu.McuError, match=f"is 67,108,864 bytes; the {board}'s flash holds 16,777,216"):
+            mcu.build_image(board, big)
+    assert not (tmp_path / "cache" / "mcu" / "obj").exists()  # nothing compiled
