@@ -47,16 +47,40 @@ class McuError(PlelabError):
     """The MCU toolchain is missing, a bare-metal build failed, or a bare-metal run did not finish."""
 
 
+# The compiler's helpers for double precision and 64-bit division, and libm's double functions: every call is
+# counted on the board (the link wraps each name: `helper_wrappers`), and none may come from the token path.
+SOFT_DOUBLE = ("__adddf3", "__subdf3", "__muldf3", "__divdf3", "__negdf2", "__extendsfdf2", "__truncdfsf2",
+               "__fixdfsi", "__fixunsdfsi", "__fixdfdi", "__fixunsdfdi", "__floatsidf", "__floatunsidf",
+               "__floatdidf", "__floatundidf", "__eqdf2", "__nedf2", "__ltdf2", "__ledf2", "__gtdf2", "__gedf2",
+               "__unorddf2")
+DIV64 = ("__udivdi3", "__divdi3", "__umoddi3", "__moddi3", "__udivmoddi4", "__divmoddi4")
+DOUBLE_MATH = ("pow", "sqrt", "exp", "exp2", "log", "log2", "log10", "sin", "cos", "tan", "tanh", "atan", "atan2",
+               "fmod")
+ARM_SOFT_DOUBLE = ("__aeabi_dadd", "__aeabi_dsub", "__aeabi_drsub", "__aeabi_dmul", "__aeabi_ddiv", "__aeabi_f2d",
+                   "__aeabi_d2f", "__aeabi_i2d", "__aeabi_ui2d", "__aeabi_l2d", "__aeabi_ul2d", "__aeabi_d2iz",
+                   "__aeabi_d2uiz", "__aeabi_d2lz", "__aeabi_d2ulz", "__aeabi_dcmpeq", "__aeabi_dcmplt",
+                   "__aeabi_dcmple", "__aeabi_dcmpge", "__aeabi_dcmpgt", "__aeabi_dcmpun", "__aeabi_cdcmpeq",
+                   "__aeabi_cdcmple", "__aeabi_cdrcmple")
+ARM_DIV64 = ("__aeabi_uldivmod", "__aeabi_ldivmod")
+HELPER_GROUPS = ("soft_double", "div64", "double_math")  # board.h's counters: board_<group>_calls
+
+
 @dataclass(frozen=True)
 class Toolchain:
-    """A cross compiler with its C library, and the QEMU that runs its images (each named by its Debian package)."""
+    """A cross compiler with its C library and the board startup it links, and the QEMU that runs its images
+    (each tool named by its Debian package)."""
 
     cc: str
     cc_package: str
     libc_package: str
     qemu: str
     qemu_package: str
+    libc_file: str  # a file the C library package installs where the compiler finds it (-print-file-name)
+    startup: str  # the architecture's reset, traps, semihosting trap and counter (plelab/edge/c/mcu/)
+    cflags: tuple[str, ...]  # compile flags of every source besides the board's
+    ldflags: tuple[str, ...]  # link flags before the objects (C library specs)
     libs: tuple[str, ...]  # link libraries after the objects
+    helpers: tuple[tuple[str, tuple[str, ...]], ...]  # (counter group, helper names) wrapped at link
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -64,8 +88,16 @@ class Toolchain:
         return self.cc_package, self.libc_package, self.qemu_package
 
 
+# -mfp16-format=ieee: fp16 scales convert in one instruction (VCVTB) where the FPU has it (ple_int_kernels.h)
 ARM = Toolchain(ARM_GCC, "gcc-arm-none-eabi", "libnewlib-arm-none-eabi", "qemu-system-arm", "qemu-system-arm",
-                ("-lm",))
+                "libc.a", "startup_arm.c", ("-mfp16-format=ieee",), ("--specs=nosys.specs",), ("-lm",),
+                (("soft_double", SOFT_DOUBLE + ARM_SOFT_DOUBLE), ("div64", DIV64 + ARM_DIV64),
+                 ("double_math", DOUBLE_MATH)))
+# picolibc's specs give its headers and libraries; the harness supplies stdout / stderr and _exit itself
+RISCV = Toolchain("riscv64-unknown-elf-gcc", "gcc-riscv64-unknown-elf", "picolibc-riscv64-unknown-elf",
+                  "qemu-system-riscv32", "qemu-system-misc", "picolibc.specs", "startup_riscv.c", ("--specs=picolibc.specs",),
+                  ("--specs=picolibc.specs",), ("-lm",),
+                  (("soft_double", SOFT_DOUBLE), ("div64", DIV64), ("double_math", DOUBLE_MATH)))
 
 
 @dataclass(frozen=True)
@@ -77,37 +109,54 @@ class Board:
     toolchain: Toolchain
     machine: tuple[str, ...]  # QEMU's options that pick the board and core
     cpu_flags: tuple[str, ...]
-    timer: str  # startup.c's timer driver: "CMSDK" (APB timer 0) or "SSE_COUNTER" (SSE-300 System Counter)
+    timer: str  # the counter: "CMSDK" (APB timer 0), "SSE_COUNTER" (SSE-300 System Counter) or "INSTRET" (RISC-V)
     timer_base: int  # the timer's registers (the counter's control frame)
     timer_read: int  # where its count is read (the counter's read frame; the timer itself for CMSDK)
     timer_hz: int  # its clock in virtual time: the board's main clock
     int_kernels: tuple[str, ...]  # the integer kernels this core runs, best last (BUILD_SWITCH)
     flash_bytes: int  # the FLASH region of its linker script: the largest .ple file the image can hold
+    linker_script: str  # its memory map (plelab/edge/c/mcu/), which includes plemcu.ld
+    stands_for: str  # which shipping chips the core is a stand-in for
 
 
 BOARDS = {
     # QEMU hw/arm/mps2.c: SYSCLK 25 MHz drives the CMSDK APB timers at 0x40000000
     "mps2-an500": Board("mps2-an500", "Cortex-M7", ARM, ("-M", "mps2-an500"),
                         ("-mcpu=cortex-m7", "-mfpu=fpv5-d16", "-mfloat-abi=hard"),
-                        "CMSDK", 0x40000000, 0x40000000, 25_000_000, ("portable", "dsp"), 16 << 20),
+                        "CMSDK", 0x40000000, 0x40000000, 25_000_000, ("portable", "dsp"), 16 << 20, "mps2-an500.ld",
+                        "Cortex-M4 / M7 / M33 parts (Arm DSP extension); no ESP32"),
     # QEMU hw/arm/mps2-tz.c + armsse.c: the SSE-300 System Counter runs on MAINCLK, 32 MHz on the AN547
     "mps3-an547": Board("mps3-an547", "Cortex-M55 + Helium", ARM, ("-M", "mps3-an547"),
                         ("-mcpu=cortex-m55", "-mfloat-abi=hard"),
-                        "SSE_COUNTER", 0x58100000, 0x48101000, 32_000_000, ("portable", "helium"), 16 << 20),
+                        "SSE_COUNTER", 0x58100000, 0x48101000, 32_000_000, ("portable", "helium"), 16 << 20,
+                        "mps3-an547.ld", "Cortex-M55 / M85 parts (Helium); no ESP32"),
+    # QEMU hw/riscv/virt.c, one hart from reset in machine mode (-bios none); instret counts instructions retired,
+    # its "clock" 1 GHz: one per nanosecond of virtual time under -icount shift=0
+    "virt-rv32imafc": Board("virt-rv32imafc", "RV32IMAFC", RISCV,
+                            ("-M", "virt", "-bios", "none", "-m", "128M", "-cpu", "rv32,d=false"),
+                            ("-march=rv32imafc", "-mabi=ilp32f"), "INSTRET", 0, 0, 1_000_000_000,
+                            ("portable",), 16 << 20, "virt-rv32.ld",
+                            "the ESP32-P4's RISC-V cores (single-precision FPU; the P4's own SIMD unused)"),
+    # no float instruction can hide: the core has neither F nor D, as the ESP32-C6 / C3 / H2 have not
+    "virt-rv32imac": Board("virt-rv32imac", "RV32IMAC", RISCV,
+                           ("-M", "virt", "-bios", "none", "-m", "128M", "-cpu", "rv32,f=false,d=false"),
+                           ("-march=rv32imac", "-mabi=ilp32"), "INSTRET", 0, 0, 1_000_000_000,
+                           ("portable",), 16 << 20, "virt-rv32.ld",
+                           "the ESP32-C6 / C5 / H2 (RV32IMAC, no FPU); the C3 and C2 lack A, which this code never "
+                           "uses"),
 }
 # ple.h's build switch (-DPLE_KERNEL=...): the integer kernel of the int8 path (ple_int_kernels.h), and for the
 # float path plain C loops (portable) or the compiler's vector extensions (vector, ple_float_simd.h). No switch:
 # the best the core has.
-BUILD_SWITCH = {k: f"-DPLE_KERNEL=PLE_KERNEL_{k.upper()}" for k in ("portable", "vector", "dsp", "helium")}
+BUILD_SWITCH = {k: f"-DPLE_KERNEL=PLE_KERNEL_{k.upper()}" for k in ("portable", "vector", "dsp", "helium", "rv32")}
 # what `scripts/setup.sh --test` installs for the MCU tests: every board's toolchain
 DEBIAN_PACKAGES = tuple(dict.fromkeys(p for b in BOARDS.values() for p in b.toolchain.packages))
-SOURCES = (*(C_DIR / s for s in c_engine.LIBRARY), MCU_DIR / "startup.c", MCU_DIR / "plemcu.c",
+# the harness besides the architecture's startup (Toolchain.startup)
+SOURCES = (*(C_DIR / s for s in c_engine.LIBRARY), MCU_DIR / "board.c", MCU_DIR / "plemcu.c",
            MCU_DIR / "ple_storage_flash.c", C_DIR / "ple_kcheck.c")
 # -Wstack-usage: no function may take more than 4 KiB of stack (an ESP-IDF task's whole stack can be 3.5 KiB)
-# -mfp16-format=ieee: fp16 scales convert in one instruction (VCVTB) where the FPU has it (ple_int_kernels.h)
 COMPILE_FLAGS = ("-std=gnu99", "-O2", "-Wall", "-Wextra", "-Werror", "-Wstack-usage=4096", "-ffp-contract=fast",
                  "-ffunction-sections", "-fdata-sections", "-DPLE_BARE_METAL")
-ARM_FLAGS = ("-mfp16-format=ieee",)
 PARTITION_ALIGN = 4096  # flash erase block: the partition ends on one, padded with 0xff (erased flash)
 
 
@@ -151,7 +200,7 @@ def missing_tools(board: str | None = None) -> list[str]:
     for tc in chains:
         if not shutil.which(tc.cc):
             missing.append(tc.cc_package)
-        elif not _has_libc(tc.cc):
+        elif not _has_libc(tc):
             missing.append(tc.libc_package)
         if not shutil.which(tc.qemu):
             missing.append(tc.qemu_package)
@@ -164,8 +213,8 @@ def missing_message(board: str, packages: list[str]) -> str:
             f"(apt-get install {' '.join(packages)}, or bash scripts/setup.sh --test)")
 
 
-def _has_libc(cc: str) -> bool:
-    proc = subprocess.run([cc, "-print-file-name=libc.a"], capture_output=True, text=True)
+def _has_libc(tc: Toolchain) -> bool:
+    proc = subprocess.run([tc.cc, f"-print-file-name={tc.libc_file}"], capture_output=True, text=True)
     return proc.returncode == 0 and Path(proc.stdout.strip()).is_file()
 
 
@@ -206,7 +255,7 @@ def _cache(*parts: str) -> Path:
 def image_flags(board: Board, kernel: str | None) -> list[str]:
     """Every compile flag of the board's image for this build switch (None: the core's best)."""
     check_kernel(board.name, kernel)
-    flags = [*board.cpu_flags, *COMPILE_FLAGS, *(ARM_FLAGS if board.toolchain is ARM else ()),
+    flags = [*board.cpu_flags, *COMPILE_FLAGS, *board.toolchain.cflags,
              f"-DPLE_MCU_TIMER_{board.timer}", f"-DPLE_MCU_TIMER_BASE={board.timer_base:#x}u",
              f"-DPLE_MCU_TIMER_READ={board.timer_read:#x}u", f"-DPLE_MCU_TIMER_HZ={board.timer_hz}u",
              f'-DPLE_MCU_BOARD="{board.name}"', f"-DPLE_MCU_CMDLINE_BYTES={CMDLINE_BYTES}",
@@ -214,21 +263,50 @@ def image_flags(board: Board, kernel: str | None) -> list[str]:
     return flags + ([BUILD_SWITCH[kernel]] if kernel else [])
 
 
+def helper_wrappers(toolchain: Toolchain) -> str:
+    """Assembly of the link's wrappers: each helper call bumps its group's counter (board.h), then jumps on to the
+    helper itself. Each wrapper sits in its own section, so the link keeps only those of helpers in use."""
+    out = []
+    for group, names in toolchain.helpers:
+        for name in names:
+            sym, counter = f"__wrap_{name}", f"board_{group}_calls"
+            if toolchain is ARM:
+                body = (f"    .thumb_func\n{sym}:\n    push {{r0, r1}}\n    ldr r0, ={counter}\n"
+                        f"    ldr r1, [r0]\n    adds r1, r1, #1\n    str r1, [r0]\n    pop {{r0, r1}}\n"
+                        f"    b.w __real_{name}\n    .ltorg\n")
+            else:
+                body = (f"{sym}:\n    la t0, {counter}\n    lw t1, 0(t0)\n    addi t1, t1, 1\n    sw t1, 0(t0)\n"
+                        f"    tail __real_{name}\n")
+            kind = "%function" if toolchain is ARM else "@function"
+            out.append(f'    .section .text.{sym}, "ax", {"%" if toolchain is ARM else "@"}progbits\n'
+                       f"    .global {sym}\n    .type {sym}, {kind}\n    .balign 4\n{body}")
+    head = "    .syntax unified\n    .thumb\n" if toolchain is ARM else ""
+    return head + "".join(out)
+
+
+def _wrap_flags(toolchain: Toolchain) -> list[str]:
+    return [f"-Wl,--wrap={name}" for _, names in toolchain.helpers for name in names]
+
+
 def _objects(board: Board, kernel: str | None) -> list[Path]:
-    """The runtime and harness compiled for the board (cached by sources, flags and compiler version)."""
+    """The runtime, harness and helper wrappers compiled for the board (cached by sources, flags and compiler)."""
     flags = image_flags(board, kernel)
-    cc = board.toolchain.cc
+    tc = board.toolchain
+    cc = tc.cc
+    sources = (*SOURCES, MCU_DIR / tc.startup)
     h = hashlib.sha256()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     headers = [*(C_DIR / n for n in c_engine.HEADERS), *MCU_DIR.glob("*.h")]
-    for path in (*SOURCES, *sorted(headers)):
+    for path in (*sources, *sorted(headers)):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update("\0".join([version, *flags]).encode())
+    wrappers = helper_wrappers(tc)
+    h.update("\0".join([version, *flags, wrappers]).encode())
     out = _cache("obj", h.hexdigest()[:16])
-    objs = [out / (src.stem + ".o") for src in SOURCES]
+    objs = [out / (src.stem + ".o") for src in sources] + [out / "helpers.o"]
     if all(o.is_file() for o in objs):
         return objs
-    for src, obj in zip(SOURCES, objs, strict=True):
+    (out / "helpers.S").write_text(wrappers)
+    for src, obj in zip([*sources, out / "helpers.S"], objs, strict=True):
         tmp = obj.with_name(f".{obj.name}.{os.getpid()}")
         proc = subprocess.run([cc, *flags, "-c", str(src), "-o", str(tmp)], capture_output=True, text=True)
         if proc.returncode:
@@ -266,7 +344,7 @@ def build_image(board_name: str, model: str | Path, kernel: str | None = None, o
     _cache()  # a cache that cannot be written: one line, before compiling
     _require(board)
     objs = _objects(board, kernel)
-    linker = [(MCU_DIR / f"{board.name}.ld").read_text(), (MCU_DIR / "plemcu.ld").read_text()]
+    linker = [(MCU_DIR / board.linker_script).read_text(), (MCU_DIR / "plemcu.ld").read_text()]
     key = hashlib.sha256("\0".join([*map(str, objs), _file_digest(model), *linker]).encode()).hexdigest()[:16]
     image = Path(out) if out else _cache("img", key) / f"plemcu-{board.name}.elf"
     if out is None and image.is_file():
@@ -284,9 +362,10 @@ ple_partition_start:
 ple_partition_end:
 ''')
         tmp_image = Path(tmp) / image.name
-        cmd = [board.toolchain.cc, *board.cpu_flags, "-nostartfiles", "--specs=nosys.specs", "-Wl,--gc-sections",
-               "-Wl,--no-warn-rwx-segments", "-L", str(MCU_DIR), "-T", f"{board.name}.ld", *map(str, objs), str(asm),
-               *board.toolchain.libs, "-o", str(tmp_image)]
+        tc = board.toolchain
+        cmd = [tc.cc, *board.cpu_flags, *tc.ldflags, "-nostartfiles", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
+               *_wrap_flags(tc), "-L", str(MCU_DIR), "-T", board.linker_script, *map(str, objs), str(asm), *tc.libs,
+               "-o", str(tmp_image)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode:
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

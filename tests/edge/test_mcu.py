@@ -125,8 +125,37 @@ def test_bare_metal_greedy_ids_equal_the_host_engine_with_the_plans_arena(name, 
             assert st["refused"] == 0 and st["file_bytes"] == model.stat().st_size
             assert st["partition_bytes"] % 4096 == 0 and st["partition_bytes"] >= st["file_bytes"]
             assert all(t > 0 for t in r["token_ticks"])
+            # no double precision and no 64-bit division in the token path, on any core: on the RISC-V boards
+            # every double operation is a helper call, so this counts every one
+            assert r["helper_calls"] == {"soft_double": 0, "div64": 0, "double_math": 0}, (board, path)
             if name == "kv_in_psram_int8":
                 assert want_ram["psram"] > 0 and r["tiers"]["psram"]["arena"] >= want_ram["psram"]
+
+
+# every encoding and FFN kind, a paged table, an untied head: the token path's other branches
+HELPER_VARIANTS = {
+    "fp32": ([], {"quant": "fp32"}),
+    "fp16_lowrank": (["ffn.kind=lowrank", "ffn.rank=8"], {"quant": "fp16"}),
+    "int8_moe_untied": (["ffn.kind=moe", "ffn.num_experts=4", "ffn.top_k=2", "tie_embeddings=false"],
+                        {"quant": "int8", "group": 32}),
+    "int4_paged": ([], {"quant": "int4", "group": 32, "page": 512}),
+}
+
+
+@needs_mcu
+@pytest.mark.parametrize("board", BOARDS)
+def test_no_double_precision_or_64_bit_division_helper_is_called_per_token(board, tmp_path):
+    """The link wraps the compiler's double-precision and 64-bit division helpers and libm's double functions
+    (plelab/edge/mcu.py helper_wrappers); the image counts their calls during decode. On the RISC-V boards every
+    double operation is such a call; on the Cortex-M ones a double libm call or a 64-bit division is."""
+    for name, (overrides, opts) in HELPER_VARIANTS.items():
+        model = tmp_path / f"{name}.ple"
+        export_model(lively_model(*overrides), model, ExportOptions(**opts))
+        for path, options in PATHS.items():
+            if path == "int8" and opts["quant"] in ("fp32", "fp16"):
+                options = {"act": "int8", "kv": "int8"}  # no integer head to skip rows of
+            r = mcu.run_model(board, model, PROMPT, 6, **options)
+            assert r["helper_calls"] == {"soft_double": 0, "div64": 0, "double_math": 0}, (name, path)
 
 
 @needs_mcu
@@ -201,7 +230,8 @@ def test_mutated_files_in_flash_end_in_a_message_never_a_fault(board, models):
 @needs_mcu
 @pytest.mark.parametrize("board", BOARDS)
 def test_a_fault_ends_in_one_message_and_status_3(board, models):
-    for kind, what in (("bus", "BusFault"), ("stack", "MemManage" if board == "mps2-an500" else "UsageFault")):
+    stack = {"mps2-an500": "MemManage", "mps3-an547": "UsageFault"}.get(board, "store access fault")
+    for kind, what in (("bus", "load access fault" if board.startswith("virt") else "BusFault"), ("stack", stack)):
         run = mcu_run(board, models["gemma_int4"], "fault", "--kind", kind, timeout=30)
         assert run.returncode == 3 and run.message.startswith(f"fault: {what}"), (kind, run.message)
 

@@ -32,9 +32,9 @@
  * MVE's four lanes on the M55), and the plain loops take ~37% fewer instructions (benchmarks/bench_mcu.py,
  * esp32-28m fp32: 52.2 M -> 32.9 M per token on the M7, 48.9 M -> 31.1 M on the M55). -DPLE_KERNEL=PLE_KERNEL_VECTOR
  * keeps the vectors. */
-#if defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M' && !defined(PLE_SCALAR) && \
-    !(defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_VECTOR)
-#define PLE_SCALAR
+#if ((defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M') || (defined(__riscv) && !defined(__riscv_vector))) && \
+    !defined(PLE_SCALAR) && !(defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_VECTOR)
+#define PLE_SCALAR /* RISC-V without its vector extension: the same, no float SIMD to lower to */
 #endif
 
 /* The signed int4 code in the low (high = 0) or high nibble of b. */
@@ -166,7 +166,7 @@ static float row_i4(const uint8_t *c, const uint8_t *sc, uint64_t e0, uint32_t c
                     const float *xe, const float *xo) {
     v8f acc = {0};
     float rest = 0;
-    uint64_t g = e0 / group;
+    uint64_t g = ple_group_of(e0, group);
     for (uint64_t a = e0, end = e0 + cols; a < end; g++) {
         uint64_t b = (g + 1) * group < end ? (g + 1) * group : end, n = a & 1 ? 0 : (b - a) / 16 * 8; /* bytes */
         const uint8_t *cp = c + a / 2;

@@ -396,8 +396,7 @@ static inline float seg_sum(int dtype, const uint8_t *codes, uint64_t s, uint32_
 float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint64_t e0, uint32_t n,
                const ple_kact *a) {
     float sum = 0;
-    /* 32-bit division where the offsets allow (a 64-bit one is a library call on 32-bit cores) */
-    uint64_t g = e0 <= UINT32_MAX ? (uint32_t)e0 / group : e0 / group, end = e0 + n;
+    uint64_t g = ple_group_of(e0, group), end = e0 + n;
     for (uint64_t s = e0; s < end; g++) {
         uint64_t b = (g + 1) * group < end ? (g + 1) * group : end;
         sum += seg_sum(dtype, codes, s, (uint32_t)(b - s), (uint32_t)(s - e0), a) * ple_f16(scales + 2 * g);

@@ -40,6 +40,8 @@
 #define PLE_IKERNEL PLE_KERNEL_HELIUM
 #elif defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
 #define PLE_IKERNEL PLE_KERNEL_DSP
+#elif defined(__riscv)
+#define PLE_IKERNEL PLE_KERNEL_PORTABLE
 #elif defined(__GNUC__)
 #define PLE_IKERNEL PLE_KERNEL_VECTOR
 #else
@@ -79,6 +81,12 @@ static inline float ple_f16(const uint8_t *p) {
     memcpy(&f, &u, 4);
     return f;
 #endif
+}
+
+/* The group of value e: e / group, in 32 bits whenever e fits them. A 64-bit division is a library call on a 32-bit
+ * core (__udivdi3: hundreds of instructions), and no model a microcontroller holds has offsets past 2^32. */
+static inline uint64_t ple_group_of(uint64_t e, uint32_t group) {
+    return e <= UINT32_MAX ? (uint32_t)e / group : e / group;
 }
 
 /* A quantised activation vector. Its memory (ple_kact_bytes(cap)) comes from the caller's arena. */

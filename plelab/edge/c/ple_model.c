@@ -66,7 +66,10 @@ struct ple_model {
     float *kcache, *vcache;  /* float KV cache: [layer][kv head][position][head_dim] */
     int8_t *kq, *vq;         /* int8 KV cache (opt.int8_kv): codes as kcache's values ... */
     float *ks, *vs;          /* ... and one scale per [layer][kv head][position] */
-    double kv_pos_bytes;     /* bytes of keys and values one position adds (plan.py's kv_bytes_per_position) */
+    uint64_t kv_pos_bytes;   /* bytes of keys and values one position adds (plan.py's kv_bytes_per_position) */
+    /* per-model constants, computed once in ple_open so the token path needs no double or transcendental call */
+    float att_scale, embed_scale, ple_ident, ctx_scale, fuse;
+    float *rope_inv, *rope_cos, *rope_sin; /* head_dim / 2 each: inverse frequencies; this position's cos, sin */
     float *x, *xn, *y, *q, *k, *v, *att, *h1, *h2, *h3, *lr, *raw, *pin, *ctx, *g, *t, *wv, *row, *xe, *xo, *probs, *acc;
     float *logits;
     uint32_t maxdim;
@@ -83,7 +86,7 @@ struct ple_model {
     /* traffic */
     int n_tiers;
     ple_tier tiers[PLE_MAX_TIERS];
-    double bytes[PLE_MAX_TIERS], reads[PLE_MAX_TIERS], dense_bytes[PLE_MAX_TIERS], dense_reads[PLE_MAX_TIERS];
+    uint64_t bytes[PLE_MAX_TIERS], reads[PLE_MAX_TIERS], dense_bytes[PLE_MAX_TIERS], dense_reads[PLE_MAX_TIERS];
     uint64_t tokens;
 };
 
@@ -102,8 +105,8 @@ static float value_at(const qmat *w, const uint8_t *codes, const uint8_t *scales
         return f;
     }
     case PLE_FP16: return f16(codes + 2 * e);
-    case PLE_INT8: return (float)(int8_t)codes[e] * f16(scales + 2 * (e / w->group));
-    case PLE_INT4: return (float)nib(codes[e / 2], (int)(e & 1)) * f16(scales + 2 * (e / w->group));
+    case PLE_INT8: return (float)(int8_t)codes[e] * f16(scales + 2 * ple_group_of(e, w->group));
+    case PLE_INT4: return (float)nib(codes[e / 2], (int)(e & 1)) * f16(scales + 2 * ple_group_of(e, w->group));
     default: return (float)((codes[e / 8] >> (7 - e % 8)) & 1);
     }
 }
@@ -131,8 +134,9 @@ static void deq_row(const qmat *w, uint32_t r, float *out) {
         for (uint32_t i = 0; i < w->cols; i++) out[i] = value_at(w, c, s, e0 + i);
         return;
     }
-    for (uint64_t e = e0, end = e0 + w->cols; e < end;) {
-        uint64_t g = e / w->group, b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
+    uint64_t g = ple_group_of(e0, w->group); /* one division per row: then group by group */
+    for (uint64_t e = e0, end = e0 + w->cols; e < end; g++) {
+        uint64_t b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
         float scale = f16(s + 2 * g);
         if (w->dtype == PLE_INT8)
             for (; e < b; e++) out[e - e0] = (float)(int8_t)c[e] * scale;
@@ -174,7 +178,7 @@ static inline float dot_row(const qmat *w, uint32_t r, const float *x, const flo
     if (xe) return row_i4(c, sc, e0, w->cols, w->group, x, xe, xo); /* xe: int4, even cols */
 #endif
     float sum = 0;
-    uint64_t g = e0 / w->group; /* one division per row: segments then step group by group */
+    uint64_t g = ple_group_of(e0, w->group); /* one division per row: segments then step group by group */
     for (uint64_t a = e0, end = e0 + w->cols; a < end; g++) {
         uint64_t b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
         sum += f16(sc + 2 * g) * segment(w, c, a, b, e0, x, xe, xo);
@@ -287,11 +291,22 @@ static void mv(ple_model *m, float *out, const qmat *w) {
 
 /* ---- elementwise -------------------------------------------------------------------------------------- */
 
+/* out = x / sqrt(mean(x^2) + eps) * w, in float: no ESP32 has double precision in hardware. The squares go into four
+ * interleaved partial sums; every term is non-negative, so nothing cancels and the computed sum is within
+ * (n/4 + 3) * 2^-24 of the exact one, relatively (1.6e-6 for n = 96, 3.1e-5 for n = 2048), the norm within half
+ * that: below the float32 NumPy runtime's own rounding of the same mean at those sizes. */
 static void rms_norm(float *out, const float *x, const float *w, uint32_t n, float eps) {
-    double ss = 0;
-    for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float r = sqrtf((float)(ss / n) + eps);
-    for (uint32_t i = 0; i < n; i++) out[i] = x[i] / r * w[i];
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += x[i] * x[i];
+        s1 += x[i + 1] * x[i + 1];
+        s2 += x[i + 2] * x[i + 2];
+        s3 += x[i + 3] * x[i + 3];
+    }
+    for (; i < n; i++) s0 += x[i] * x[i];
+    float r = sqrtf(((s0 + s1) + (s2 + s3)) / (float)n + eps);
+    for (i = 0; i < n; i++) out[i] = x[i] / r * w[i];
 }
 
 static float silu(float x) { return x * 0.5f * (1.0f + tanhf(x * 0.5f)); }
@@ -301,11 +316,11 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-static void rope(float *x, uint32_t heads, uint32_t hd, uint32_t pos, float theta) {
+/* Rotate each head's pairs (i, i + half) by the angles of this position: rope_angles' cos and sin. */
+static void rope(float *x, uint32_t heads, uint32_t hd, const float *cs, const float *sn) {
     uint32_t half = hd / 2;
     for (uint32_t i = 0; i < half; i++) {
-        float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd), ang = (float)pos * inv;
-        float c = cosf(ang), s = sinf(ang);
+        float c = cs[i], s = sn[i];
         for (uint32_t h = 0; h < heads; h++) {
             float *v = x + h * hd, a = v[i], b = v[i + half];
             v[i] = a * c + -b * s;
@@ -594,19 +609,20 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
         else if (!strcmp(it->name, "kv_cache")) m->kv_tier = it->tier;
         else {
-            m->dense_bytes[it->tier] += (double)it->per_token;
-            m->dense_reads[it->tier] += (double)it->reads;
+            m->dense_bytes[it->tier] += it->per_token;
+            m->dense_reads[it->tier] += it->reads;
         }
     }
     if (m->embed_t && (d->flags & PLE_TIE)) { /* the head is read whole every token */
-        m->dense_bytes[m->embed_tier] += (double)m->embed_t->section->nbytes;
+        m->dense_bytes[m->embed_tier] += m->embed_t->section->nbytes;
         m->dense_reads[m->embed_tier] += 1;
     }
     free(its);
     return 0;
 }
 
-static void tally(ple_model *m, int tier, double nbytes, double reads) {
+/* Count `reads` reads of `nbytes` bytes from tier (integers: the token path keeps no double). */
+static void tally(ple_model *m, int tier, uint64_t nbytes, uint64_t reads) {
     m->bytes[tier] += nbytes;
     m->reads[tier] += reads;
 }
@@ -638,6 +654,7 @@ const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row) {
 static uint64_t work_bytes(const ple_model *m) {
     const ple_desc *d = &m->d;
     uint64_t n = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab) +
+                 up64(6 * (uint64_t)d->head_dim) + /* rope: inverse frequencies, this position's cos and sin */
                  (m->opt.int8_act ? up64(ple_kact_bytes(m->maxdim)) : 0) +
                  (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
     if (m->opt.head_skip) /* the head's mean row, block keys, row order */
@@ -737,7 +754,7 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     m->weight_bytes = weights;
     uint64_t kv_vectors = (uint64_t)d->layers * d->kv_heads * d->max_seq, kv_values = kv_vectors * d->head_dim;
     m->kv_bytes = opt->int8_kv ? 2 * (kv_values + 4 * kv_vectors) : 2 * kv_values * 4;
-    m->kv_pos_bytes = 2.0 * d->layers * d->kv_heads * (opt->int8_kv ? d->head_dim + 4.0 : 4.0 * d->head_dim);
+    m->kv_pos_bytes = 2ull * d->layers * d->kv_heads * (opt->int8_kv ? d->head_dim + 4ull : 4ull * d->head_dim);
     m->kv_arena = opt->int8_kv ? 2 * (up64(kv_values) + up64(4 * kv_vectors)) : up64(m->kv_bytes);
     uint32_t dims[] = {d->hidden, d->heads * d->head_dim, d->inter, d->rank, d->n_ple_layers * d->ple_dim,
                        d->max_seq, d->experts, 2};
@@ -819,6 +836,17 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     }
     m->logits = (float *)(void *)p;
     p += up64(4 * (uint64_t)d->vocab);
+    m->rope_inv = (float *)(void *)p;
+    m->rope_cos = m->rope_inv + d->head_dim / 2;
+    m->rope_sin = m->rope_cos + d->head_dim / 2;
+    p += up64(6 * (uint64_t)d->head_dim);
+    for (uint32_t i = 0; i < d->head_dim / 2; i++)
+        m->rope_inv[i] = 1.0f / powf(d->theta, (float)(2 * i) / (float)d->head_dim);
+    m->att_scale = (float)pow((double)d->head_dim, -0.5);
+    m->embed_scale = (float)sqrt((double)d->hidden);
+    m->ple_ident = (float)sqrt((double)d->ple_dim);
+    m->ctx_scale = (float)pow((double)d->hidden, -0.5);
+    m->fuse = (float)pow(2.0, -0.5);
     if (opt->int8_act) {
         ple_kact_init(&m->ka, p, m->maxdim);
         p += up64(ple_kact_bytes(m->maxdim));
@@ -870,8 +898,8 @@ static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t p
     mv(m, m->q, &l->q);
     mv(m, m->k, &l->k);
     mv(m, m->v, &l->v);
-    rope(m->q, d->heads, hd, pos, d->theta);
-    rope(m->k, kvh, hd, pos, d->theta);
+    rope(m->q, d->heads, hd, m->rope_cos, m->rope_sin);
+    rope(m->k, kvh, hd, m->rope_cos, m->rope_sin);
     uint64_t vbase = (uint64_t)layer * kvh * d->max_seq; /* head vectors before this layer's */
     int q8 = m->opt.int8_kv;
     for (uint32_t h = 0; h < kvh; h++) {
@@ -884,7 +912,7 @@ static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t p
             memcpy(m->vcache + at * hd, m->v + h * hd, 4 * hd);
         }
     }
-    const float scale = (float)pow((double)hd, -0.5);
+    const float scale = m->att_scale;
     for (uint32_t h = 0; h < d->heads; h++) {
         uint64_t v0 = vbase + (uint64_t)(h / rep) * d->max_seq; /* this head's kv head, position 0 */
         const float *q = m->q + h * hd;
@@ -995,7 +1023,7 @@ static void moe(ple_model *m, const layer_w *l) {
             for (uint32_t i = 0; i < H; i++) m->acc[i] += w * m->h3[i];
             for (int j = 0; j < 3; j++) {
                 const ple_tensor *t = &d->tensors[w3[j].tensor];
-                tally(m, m->tensor_tier[w3[j].tensor], (double)(t->codes_bytes + t->scales_bytes), 1);
+                tally(m, m->tensor_tier[w3[j].tensor], t->codes_bytes + t->scales_bytes, 1);
             }
         }
     if (d->flags & PLE_SHARED_EXPERT) {
@@ -1080,17 +1108,15 @@ static int inputs(ple_model *m, uint32_t token) {
         deq_row(&part, 0, m->x);
     }
     if (d->flags & PLE_EMBED_SCALE) {
-        float s = (float)sqrt((double)d->hidden);
-        for (uint32_t i = 0; i < d->hidden; i++) m->x[i] *= s;
+        for (uint32_t i = 0; i < d->hidden; i++) m->x[i] *= m->embed_scale;
     }
     if (!m->ple_t) return 0;
     uint32_t P = d->ple_dim, n = d->n_ple_layers * P;
-    float ident = (float)sqrt((double)P);
-    for (uint32_t j = 0; j < n; j++) m->pin[j] = m->raw[j] * ident;
+    for (uint32_t j = 0; j < n; j++) m->pin[j] = m->raw[j] * m->ple_ident;
     if (!(d->flags & PLE_CONTEXT)) return 0;
     act(m, m->x, d->hidden);
     mv(m, m->ctx, &m->ctx_proj);
-    float hs = (float)pow((double)d->hidden, -0.5), fuse = (float)pow(2.0, -0.5);
+    float hs = m->ctx_scale, fuse = m->fuse;
     deq_row(&m->ctx_norm, 0, m->wv);
     for (uint32_t j = 0; j < n; j++) m->ctx[j] *= hs;
     for (uint32_t s = 0; s < d->n_ple_layers; s++) rms_norm(m->ctx + s * P, m->ctx + s * P, m->wv, P, d->eps);
@@ -1105,8 +1131,13 @@ static int body(ple_model *m, uint32_t token, uint32_t pos) {
     if (token >= d->vocab || pos >= d->max_seq) return -1;
     m->tokens++;
     for (int t = 0; t < m->n_tiers; t++) tally(m, t, m->dense_bytes[t], m->dense_reads[t]);
-    tally(m, m->kv_tier, m->kv_pos_bytes * (pos + 1.0), 2.0 * d->layers);
+    tally(m, m->kv_tier, m->kv_pos_bytes * (pos + 1), 2ull * d->layers);
     if (inputs(m, token)) return -1;
+    for (uint32_t i = 0; i < d->head_dim / 2; i++) { /* this position's rotation, shared by every layer */
+        float ang = (float)pos * m->rope_inv[i];
+        m->rope_cos[i] = cosf(ang);
+        m->rope_sin[i] = sinf(ang);
+    }
     for (uint32_t i = 0; i < d->layers; i++) {
         const layer_w *l = &m->L[i];
         deq_row(&l->in_norm, 0, m->wv);
@@ -1283,8 +1314,8 @@ int ple_model_tier_use(const ple_model *m, ple_tier_use *out, int max) {
 int ple_model_traffic(const ple_model *m, ple_traffic *out, int max, uint64_t *tokens) {
     for (int i = 0; i < m->n_tiers && i < max; i++) {
         snprintf(out[i].tier, sizeof out[i].tier, "%s", m->tiers[i].name);
-        out[i].bytes = m->bytes[i];
-        out[i].reads = m->reads[i];
+        out[i].bytes = (double)m->bytes[i];
+        out[i].reads = (double)m->reads[i];
     }
     *tokens = m->tokens;
     return m->n_tiers;

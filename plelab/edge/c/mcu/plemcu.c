@@ -1,4 +1,4 @@
-/* plemcu: the plelab C runtime on a bare-metal Cortex-M board, the .ple file linked into its flash.
+/* plemcu: the plelab C runtime on a bare-metal board (Cortex-M or RISC-V), the .ple file linked into its flash.
  *
  *   plemcu run --ids 1,2,3 --steps N [--verify 0|1|2] [--act fp32|int8] [--kv fp32|int8] [--head-skip]
  *                                                        greedy decode, one JSON line: tokens, timer ticks per
@@ -10,7 +10,7 @@
  *                                                        (ple_kcheck.h), bit for bit; one JSON line
  *   plemcu fault --kind bus|stack                        a deliberate fault: its message, exit status 3
  *
- * Arguments come from the semihosting command line (qemu-system-arm -semihosting-config arg=...). The model
+ * Arguments come from the semihosting command line (qemu-system-* -semihosting-config arg=...). The model
  * is placed as plelab plan places it on the esp32-s3 profile: its SRAM tier in what the 512 KiB SRAM region
  * leaves after stack, data and heap, its PSRAM tier in the PSRAM region; an error is one line on stderr and
  * exit status 2, a fault one line and status 3 (startup.c). */
@@ -104,6 +104,20 @@ static void board_regions(const ple_device *dev, ple_region *reg, board_region p
     }
 }
 
+/* Calls of the compiler's double-precision and 64-bit division helpers and of libm's double functions (board.h). */
+typedef struct { uint32_t soft_double, div64, double_math; } helper_calls;
+
+static helper_calls helper_calls_now(void) {
+    return (helper_calls){board_soft_double_calls, board_div64_calls, board_double_math_calls};
+}
+
+/* `"name": {...}, ` with the calls made between two snapshots. */
+static void print_helper_calls(const char *name, helper_calls a, helper_calls b) {
+    printf("\"%s\": {\"soft_double\": %lu, \"div64\": %lu, \"double_math\": %lu}, ", name,
+           (unsigned long)(b.soft_double - a.soft_double), (unsigned long)(b.div64 - a.div64),
+           (unsigned long)(b.double_math - a.double_math));
+}
+
 static void print_tiers(const ple_model *m) {
     ple_tier_use use[PLE_MAX_TIERS];
     int n = ple_model_tier_use(m, use, PLE_MAX_TIERS);
@@ -150,6 +164,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
         die("--steps %ld must cover the %ld-token prompt and stay within %" PRIu32 " positions", steps, n_prompt,
             d->max_seq);
     uint64_t reads0 = fl.reads, bytes0 = fl.bytes;
+    helper_calls open_calls = helper_calls_now(), calls;
     for (long pos = 0; pos < steps; pos++) {
         uint64_t t0 = board_timer_ticks();
         int64_t best = ple_forward_greedy(m, tokens[pos], (uint32_t)pos); /* the first maximum, as plerun */
@@ -157,6 +172,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
         if (pos + 1 >= n_prompt) tokens[pos + 1] = (uint32_t)best;
         ticks[pos] = board_timer_ticks() - t0;
     }
+    calls = helper_calls_now();
     ple_traffic tr[PLE_MAX_TIERS];
     uint64_t counted;
     int nt = ple_model_traffic(m, tr, PLE_MAX_TIERS, &counted);
@@ -177,6 +193,8 @@ static int run(int argc, char **argv, const ple_device *dev) {
            (unsigned long long)reads0, (unsigned long long)bytes0, (unsigned long long)(fl.reads - reads0),
            (unsigned long long)(fl.bytes - bytes0), (unsigned long long)fl.refused, (unsigned long long)st.size,
            (unsigned long long)fl.partition);
+    print_helper_calls("helper_calls_open", (helper_calls){0, 0, 0}, open_calls);
+    print_helper_calls("helper_calls", open_calls, calls);
     print_tiers(m);
     printf(", \"sram_region\": {\"bytes\": %lu, \"stack_data_heap\": %lu, \"heap_used\": %lu, \"stack\": %lu, "
            "\"stack_used\": %lu}, \"arena_bytes\": %llu, "
@@ -253,7 +271,7 @@ static int calibrate(int argc, char **argv) {
     uint32_t n = (uint32_t)arg_count(argc, argv, "--loops", 1000000);
     board_timer_start();
     uint64_t t0 = board_timer_ticks();
-    __asm__ volatile("1: subs %0, %0, #1\n bne 1b" : "+r"(n) : : "cc");
+    board_count_loop(n);
     uint64_t t1 = board_timer_ticks();
     printf("{\"mode\": \"calibrate\", \"board\": \"%s\", \"loop_instructions\": %llu, \"ticks\": %llu, "
            "\"timer_hz\": %" PRIu32 "}\n", PLE_MCU_BOARD, 2ull * (unsigned long long)arg_long(argc, argv, "--loops", 1000000),
@@ -298,7 +316,7 @@ static int fault(int argc, char **argv) {
 int main(void) {
     static char line[PLE_MCU_CMDLINE_BYTES];
     char *argv[MAX_ARGS];
-    if (board_cmdline(line, sizeof line)) die("no command line (run under qemu-system-arm -semihosting-config)");
+    if (board_cmdline(line, sizeof line)) die("no command line (run under QEMU with -semihosting-config)");
     int argc = split_args(line, argv);
     int first = argc && strncmp(argv[0], "--", 2) && strcmp(argv[0], "run") && strcmp(argv[0], "fuzz") &&
                 strcmp(argv[0], "calibrate") && strcmp(argv[0], "fault") &&
