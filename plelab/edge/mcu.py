@@ -95,8 +95,8 @@ ARM = Toolchain(ARM_GCC, "gcc-arm-none-eabi", "libnewlib-arm-none-eabi", "qemu-s
                  ("double_math", DOUBLE_MATH)))
 # picolibc's specs give its headers and libraries; the harness supplies stdout / stderr and _exit itself
 RISCV = Toolchain("riscv64-unknown-elf-gcc", "gcc-riscv64-unknown-elf", "picolibc-riscv64-unknown-elf",
-                  "qemu-system-riscv32", "qemu-system-misc", "picolibc.specs", "startup_riscv.c", ("--specs=picolibc.specs",),
-                  ("--specs=picolibc.specs",), ("-lm",),
+                  "qemu-system-riscv32", "qemu-system-misc", "picolibc.specs", "startup_riscv.c",
+                  ("--specs=picolibc.specs",), ("--specs=picolibc.specs",), ("-lm",),
                   (("soft_double", SOFT_DOUBLE), ("div64", DIV64), ("double_math", DOUBLE_MATH)))
 
 
@@ -135,13 +135,13 @@ BOARDS = {
     "virt-rv32imafc": Board("virt-rv32imafc", "RV32IMAFC", RISCV,
                             ("-M", "virt", "-bios", "none", "-m", "128M", "-cpu", "rv32,d=false"),
                             ("-march=rv32imafc", "-mabi=ilp32f"), "INSTRET", 0, 0, 1_000_000_000,
-                            ("portable",), 16 << 20, "virt-rv32.ld",
+                            ("portable", "rv32"), 16 << 20, "virt-rv32.ld",
                             "the ESP32-P4's RISC-V cores (single-precision FPU; the P4's own SIMD unused)"),
     # no float instruction can hide: the core has neither F nor D, as the ESP32-C6 / C3 / H2 have not
     "virt-rv32imac": Board("virt-rv32imac", "RV32IMAC", RISCV,
                            ("-M", "virt", "-bios", "none", "-m", "128M", "-cpu", "rv32,f=false,d=false"),
                            ("-march=rv32imac", "-mabi=ilp32"), "INSTRET", 0, 0, 1_000_000_000,
-                           ("portable",), 16 << 20, "virt-rv32.ld",
+                           ("portable", "rv32"), 16 << 20, "virt-rv32.ld",
                            "the ESP32-C6 / C5 / H2 (RV32IMAC, no FPU); the C3 and C2 lack A, which this code never "
                            "uses"),
 }
@@ -233,12 +233,15 @@ def esp_idf_sources() -> list[Path]:
     return [(ESP_IDF_DIR / s).resolve() for s in re.findall(r"\"([^\"]+)\"", srcs.group(1))]
 
 
-def esp_idf_compile(src: Path, opt: str = "-O2", cc: str = ARM_GCC) -> subprocess.CompletedProcess:
-    """Compile one component source as ESP-IDF would (host stub for esp_partition.h); the finished process."""
-    if not shutil.which(cc):
-        raise McuError(f"{cc} is not installed (Debian: apt-get install gcc-arm-none-eabi)")
-    cmd = [cc, *ESP_IDF_FLAGS, opt, "-I", str(ESP_IDF_DIR), "-I", str(C_DIR), "-I", str(ESP_IDF_DIR / "host_stub"),
-           "-c", str(src), "-o", "/dev/null"]
+def esp_idf_compile(src: Path, opt: str = "-O2", board: str | None = None) -> subprocess.CompletedProcess:
+    """Compile one component source as ESP-IDF would (host stub for esp_partition.h), with arm-none-eabi-gcc standing
+    in for the Xtensa compiler, or with a RISC-V board's compiler and core flags (ESP32-P4 / C6, which select the
+    RV32 integer kernel); the finished process."""
+    tc, core = (get_board(board).toolchain, get_board(board).cpu_flags) if board else (ARM, ())
+    if not shutil.which(tc.cc):
+        raise McuError(f"{tc.cc} is not installed (Debian: apt-get install {tc.cc_package})")
+    cmd = [tc.cc, *core, *(f for f in tc.cflags if f.startswith("--specs")), *ESP_IDF_FLAGS, opt, "-I",
+           str(ESP_IDF_DIR), "-I", str(C_DIR), "-I", str(ESP_IDF_DIR / "host_stub"), "-c", str(src), "-o", "/dev/null"]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 

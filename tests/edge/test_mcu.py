@@ -24,12 +24,16 @@ def test_the_esp_idf_component_lists_the_runtime_library():
     assert all(p.is_file() for p in mcu.esp_idf_sources())
 
 
-@needs_arm_gcc
+@pytest.mark.parametrize("board", [None, "virt-rv32imafc", "virt-rv32imac"])  # Xtensa's stand-in, the P4's, C6's
 @pytest.mark.parametrize("opt", ["-Og", "-O2"])  # ESP-IDF's debug and performance defaults
-def test_every_esp_idf_source_builds_warning_free_under_esp_idf_flags(opt):
-    """uint32_t is unsigned long on ESP-IDF v5's and arm's compilers: %u for it fails -Werror=all there only."""
+def test_every_esp_idf_source_builds_warning_free_under_esp_idf_flags(opt, board):
+    """uint32_t is unsigned long on ESP-IDF v5's and arm's compilers: %u for it fails -Werror=all there only. The
+    RISC-V chips build the RV32 integer kernel, its assembly included."""
+    cc = mcu.get_board(board).toolchain.cc if board else mcu.ARM_GCC
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not installed (bash scripts/setup.sh --test installs it)")
     for src in mcu.esp_idf_sources():
-        proc = mcu.esp_idf_compile(src, opt)
+        proc = mcu.esp_idf_compile(src, opt, board)
         assert proc.returncode == 0, proc.stderr
         warnings = [ln for ln in proc.stderr.splitlines() if "warning:" in ln or "error:" in ln]
         assert not warnings, "\n".join(warnings)

@@ -27,11 +27,13 @@ int ple_fail(char *err, const char *fmt, ...)
  * (ple_int_kernels.h) a build compiles. PORTABLE: plain C99 loops for both; VECTOR: the GCC / clang vector
  * extensions for the float paths (their default with those compilers, except on Cortex-M), the portable integer
  * kernel; DSP: the Armv7E-M DSP integer kernel (Cortex-M4 / M7); HELIUM: the Armv8.1-M MVE integer kernel
- * (Cortex-M55). Without the switch each side takes the best the target has. */
+ * (Cortex-M55); RV32: the RV32IM integer kernel (any RISC-V core with M). Without the switch each side takes the
+ * best the target has. */
 #define PLE_KERNEL_PORTABLE 1
 #define PLE_KERNEL_VECTOR 2
 #define PLE_KERNEL_DSP 3
 #define PLE_KERNEL_HELIUM 4
+#define PLE_KERNEL_RV32 5
 
 enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
 enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK, PLE_MOE };
