@@ -77,20 +77,14 @@ def run_c_fuzz(args: argparse.Namespace) -> int:
     """Fuzz; print the counts (exit 1 when a rejection was not one line)."""
     from plelab.edge.c_fuzz import fuzz
 
-    r = fuzz(args.cases, args.seed, args.model, args.timeout)
-    _print_check(args, r, f"{r['cases']:,} mutated files: {r['accepted']:,} accepted, {r['rejected']:,} rejected, "
-                 f"{r['bad_messages']} rejections not in one line, no crash or sanitizer report")
-    return 1 if r["bad_messages"] else 0
+    return _report_fuzz(args, fuzz(args.cases, args.seed, args.model, args.timeout), "no crash or sanitizer report")
 
 
 def run_c_kernels(args: argparse.Namespace) -> int:
     """Check the kernel; print the counts (exit 1 on a mismatch)."""
     from plelab.edge import c_engine
 
-    r = c_engine.kernel_check(args.cases, args.seed, args.cflags)
-    _print_check(args, r, f"kernel {r['kernel']}: {r['cases']:,} results, {r['mismatches']} differ from the scalar "
-                 f"reference (digest {r['digest']})")
-    return 1 if r["mismatches"] else 0
+    return _report_kernels(args, c_engine.kernel_check(args.cases, args.seed, args.cflags), "this machine")
 
 
 def run_c_devices(args: argparse.Namespace) -> int:
@@ -106,6 +100,20 @@ def _print_check(args: argparse.Namespace, result: dict, line: str) -> None:
         print_json(result)
     else:
         print(line)
+
+
+def _report_fuzz(args: argparse.Namespace, r: dict, no_failure: str) -> int:
+    """Print a fuzz run's counts; exit 1 when a rejection was not one line."""
+    _print_check(args, r, f"{r['cases']:,} mutated files: {r['accepted']:,} accepted, {r['rejected']:,} rejected, "
+                 f"{r['bad_messages']} rejections not in one line, {no_failure}")
+    return 1 if r["bad_messages"] else 0
+
+
+def _report_kernels(args: argparse.Namespace, r: dict, where: str) -> int:
+    """Print a kernel self-check's counts; exit 1 on a mismatch."""
+    _print_check(args, r, f"{where}, kernel {r['kernel']}: {r['cases']:,} results, {r['mismatches']} differ from the "
+                 f"scalar reference (digest {r['digest']})")
+    return 1 if r["mismatches"] else 0
 
 
 # ---- plelab mcu -----------------------------------------------------------------------------------------------
@@ -214,10 +222,8 @@ def run_mcu_fuzz(args: argparse.Namespace) -> int:
     """Fuzz on the board; exit 1 when a rejection was not one line."""
     from plelab.edge import mcu
 
-    r = mcu.fuzz(args.board, args.model, args.cases, args.seed, args.timeout)
-    _print_check(args, r, f"{args.board}: {r['cases']:,} mutated files, {r['accepted']:,} accepted, "
-                 f"{r['rejected']:,} rejected, {r['bad_messages']} rejections not in one line, no fault")
-    return 1 if r["bad_messages"] else 0
+    return _report_fuzz(args, mcu.fuzz(args.board, args.model, args.cases, args.seed, args.timeout),
+                        f"no fault on {args.board}")
 
 
 def run_mcu_calibrate(args: argparse.Namespace) -> int:
@@ -234,7 +240,5 @@ def run_mcu_kernels(args: argparse.Namespace) -> int:
     """Check the board's kernel; exit 1 on a mismatch."""
     from plelab.edge import mcu
 
-    r = mcu.kernel_check(args.board, args.kernel, args.cases, args.seed, args.timeout)
-    _print_check(args, r, f"{args.board}, kernel {r['kernel']}: {r['cases']:,} results, {r['mismatches']} differ "
-                 f"from the scalar reference (digest {r['digest']})")
-    return 1 if r["mismatches"] else 0
+    return _report_kernels(args, mcu.kernel_check(args.board, args.kernel, args.cases, args.seed, args.timeout),
+                           args.board)
