@@ -2,8 +2,9 @@
 # Install plelab on a fresh machine (Python >= 3.10 and pip). `--test` adds the test extras, among them
 # llama-cpp-python, which pip builds from source the first time (a C++ compiler is needed; pip caches the wheel),
 # unpacks llama.cpp's converter from the same release into ~/.cache/plelab (tests/hf/test_llama_cpp.py), and
-# installs the Debian packages the microcontroller tests need (arm-none-eabi-gcc, newlib, qemu-system-arm:
-# tests/edge/test_mcu.py) when they are missing.
+# installs the Debian packages the microcontroller tests need when they are missing: arm-none-eabi-gcc, newlib and
+# qemu-system-arm for the Cortex-M boards, riscv64-unknown-elf-gcc, picolibc and qemu-system-misc (its
+# qemu-system-riscv32) for the RISC-V ones (tests/edge/test_mcu.py).
 # torch 2.13.0 goes in first when torch is absent: a looser requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +17,8 @@ extras=""
 "$PY" -m pip install --quiet -e ".${extras}"
 
 if [ "${1:-}" = "--test" ]; then
-  # the MCU tests: the C runtime cross-compiled for Cortex-M and run bare-metal under QEMU
-  mcu_packages="gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
+  # the MCU tests: the C runtime cross-compiled for Cortex-M and RISC-V and run bare-metal under QEMU
+  mcu_packages="gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf qemu-system-misc"
   missing=""
   for pkg in $mcu_packages; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"

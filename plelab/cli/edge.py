@@ -15,6 +15,7 @@ from pathlib import Path
 from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json, utf8_text
 from plelab.edge.format import MAX_ALIGN
+from plelab.edge.mcu import DEFAULT_DEVICE as DEFAULT_MCU_DEVICE
 from plelab.errors import PlelabError
 
 
@@ -244,9 +245,13 @@ def _grouped(items: list[dict]) -> list[str]:
 
 def _add_run(sub) -> None:
     p = add_command(
-        sub, "run", "Run a .ple model with the NumPy runtime: the PLE table stays in the file, rows read on demand.",
+        sub, "run", "Run a .ple model: the NumPy runtime (the reference), the C runtime on this machine, or the C "
+        "runtime bare-metal on an emulated microcontroller board. The PLE table stays in the file, rows read on "
+        "demand.",
         "plelab run esp32.ple --prompt 'Once upon a time' --max-new-tokens 40\n"
-        "  plelab run esp32.ple --prompt 'Hello' --device esp32-s3 --json   # traffic per esp32-s3 tier",
+        "  plelab run esp32.ple --prompt 'Hello' --device esp32-s3 --json   # traffic per esp32-s3 tier\n"
+        "  plelab run esp32.ple --prompt 'Hello' --engine c --act int8 --kv-dtype int8 --head-skip --temperature 0\n"
+        "  plelab run esp32.ple --engine mcu --board mps3-an547 --ids 1,2,3 --max-new-tokens 8 --json",
         run_run,
     )
     p.add_argument("model", help=".ple file")
@@ -256,31 +261,40 @@ def _add_run(sub) -> None:
     src.add_argument("--ids", help="prompt as comma-separated token ids")
     p.add_argument("--max-new-tokens", type=options.positive_int, default=32, help="tokens to generate (default 32)")
     options.add_sampling_flags(p)
+    greedy_default = p._option_string_actions["--temperature"]
+    greedy_default.help += "; --engine mcu decodes greedily (its default 0)"
+    p.set_defaults(temperature=None)  # the engine's default, chosen in run_run
     p.add_argument("--tokenizer", help="tokenizer.json to use when the file has none")
-    p.add_argument("--device", help="count traffic per tier of this device's plan (default: host file / ram)")
+    p.add_argument("--device", help="count traffic per tier of this device's plan (default: host file / ram; "
+                   f"--engine mcu: {DEFAULT_MCU_DEVICE})")
     p.add_argument("--devices", help="TOML file with your own device profiles")
     p.add_argument("--verify", default="full", choices=["full", "core", "none"],
                    help="checksums to verify on open: every byte (default), all but the row tables, or none")
-    p.add_argument("--engine", default="numpy", choices=["numpy", "c"],
-                   help="numpy (the reference, default) or c: the C runtime, built with the system compiler on "
-                        "first use and cached (docs/c-runtime.md)")
+    p.add_argument("--engine", default="numpy", choices=["numpy", "c", "mcu"],
+                   help="numpy (the reference, default); c: the C runtime, built with the system compiler on first "
+                        "use and cached (docs/c-runtime.md); mcu: the C runtime bare-metal on an emulated board "
+                        "(--board), its image built with the board's cross compiler and run under QEMU")
+    p.add_argument("--board", help="--engine mcu: the emulated board (plelab mcu boards lists them; default the first)")
+    p.add_argument("--kernel", help="--engine mcu: the build switch, portable, vector or an integer kernel of the "
+                   "board's core (default: the best it has)")
     p.add_argument("--act", default="fp32", choices=["fp32", "int8"],
                    help="activations into int8 / int4 weights: fp32 (the reference, default) or int8 codes with one "
-                        "scale per vector, as the microcontroller kernels compute (both engines)")
+                        "scale per vector, as the integer kernels compute (every engine)")
     p.add_argument("--kv-dtype", default="fp32", choices=["fp32", "int8"],
-                   help="what the KV cache keeps: fp32 (default) or int8 with one scale per head vector (both "
-                        "engines; --device traffic counts it)")
+                   help="what the KV cache keeps: fp32 (default) or int8 with one scale per head vector (every "
+                        "engine; --device traffic counts it)")
     p.add_argument("--head-skip", action="store_true",
-                   help="greedy, --engine c --act int8: compute only the head rows that can still win (same ids)")
+                   help="greedy, --engine c or mcu, --act int8: compute only the head rows that can still win "
+                        "(same ids)")
     p.add_argument("--json", action="store_true", help="machine-readable result")
 
 
-def _tokenizer(model, args: argparse.Namespace):
+def _tokenizer(file, vocab: int, args: argparse.Namespace):
     """The file's tokenizer, else --tokenizer, else the plain byte tokenizer when the vocabulary allows it."""
     from plelab.data.tokenizer import Tokenizer
 
     try:
-        text = model.file.tokenizer_json()
+        text = file.tokenizer_json()
     except (zlib.error, UnicodeDecodeError) as exc:  # reachable with --verify core/none, which skip its checksum
         raise PlelabError(f"{args.model}: the embedded tokenizer is corrupt ({exc}); pass --tokenizer FILE") from exc
     if text is not None:
@@ -288,8 +302,8 @@ def _tokenizer(model, args: argparse.Namespace):
     if args.tokenizer:
         return Tokenizer.load(args.tokenizer)
     tok = Tokenizer.byte_level()
-    if tok.vocab_size > model.vocab:
-        raise PlelabError(f"{args.model} has no tokenizer and its vocabulary ({model.vocab}) is too small for "
+    if tok.vocab_size > vocab:
+        raise PlelabError(f"{args.model} has no tokenizer and its vocabulary ({vocab}) is too small for "
                           "bytes; pass --tokenizer FILE or --ids")
     return tok
 
@@ -308,115 +322,69 @@ def _collect(tokens: Iterator[int], into: list[int]) -> Iterator[int]:
         yield t
 
 
-def _generate(model, args: argparse.Namespace) -> dict:
-    """Run the request on an open `EdgeModel` (streaming text unless --json); the result record."""
-    from plelab.inference.generate import fit_context, stream_text
+def _request(args: argparse.Namespace):
+    """The engine request (ids checked against the model's vocabulary, fitted to its context) and the tokenizer."""
+    from plelab.edge.engine import Request
+    from plelab.edge.format import PleFile
+    from plelab.edge.runtime import refuse_table_only
+    from plelab.errors import token_id_message
+    from plelab.inference.generate import fit_context
 
-    tok = None
-    if args.prompt is not None:
-        tok = _tokenizer(model, args)
-        ids = tok.encode(args.prompt)
-    else:
-        ids = _parse_ids(args.ids)
-    model.check_ids(ids)
-    fit = fit_context(ids, args.max_new_tokens, model.cfg["max_seq_len"])
+    with PleFile(args.model, verify="none") as f:  # the engine verifies; here the shape and the tokenizer
+        refuse_table_only(args.model, f.layout)  # one wording for every engine
+        cfg, tok = f.layout.model, None
+        if args.prompt is not None:
+            tok = _tokenizer(f, cfg["vocab_size"], args)
+    ids = tok.encode(args.prompt) if tok else _parse_ids(args.ids)
+    bad = [i for i in ids if not 0 <= i < cfg["vocab_size"]]
+    if bad:  # before any engine starts: the same words whichever runs (a C long cannot hold every id)
+        raise PlelabError(token_id_message(cfg["vocab_size"], bad))
+    fit = fit_context(ids, args.max_new_tokens, cfg["max_seq_len"])
     if fit.note:
         print(f"plelab run: {fit.note}", file=sys.stderr)
-    ids, out = fit.prompt, []
-    tokens = model.generate(ids, fit.max_new_tokens, options.sampling(args), tok.eot_id if tok else None)
+    return Request(Path(args.model), fit.prompt, fit.max_new_tokens, options.sampling(args),
+                   tok.eot_id if tok else None, args.act, args.kv_dtype, args.head_skip, args.verify, args.device,
+                   args.devices, _placement(args)), tok
+
+
+def _placement(args: argparse.Namespace) -> dict[str, str] | None:
+    """The device placement (the NumPy engine counts traffic by it); refused when the model does not fit."""
+    if not args.device or args.engine == "mcu":  # the board places the model itself (its regions, its profile)
+        return None
+    from plelab.edge.format import PleFile
+    from plelab.edge.placement import get_device, place
+
+    with PleFile(args.model, verify="none") as f:  # the KV cache the runtime keeps, as it keeps it
+        planned = place(f.layout, get_device(args.device, args.devices), kv_dtype=args.kv_dtype)
+    if not planned["fits"]:
+        raise PlelabError(f"{args.model} does not fit {args.device} (see plelab place); "
+                          "its traffic per tier would mean nothing")
+    return planned["placement"]
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """Generate with the chosen engine, then report text, speed and traffic per tier per token."""
+    from plelab.edge.engine import get_engine
+    from plelab.inference.generate import stream_text
+    from plelab.inference.sampling import Sampling
+
+    if Path(args.model).is_dir():
+        raise PlelabError(f"{args.model} is a folder; give a .ple file (plelab export makes one from a run)")
+    if args.temperature is None:
+        args.temperature = 0.0 if args.engine == "mcu" else Sampling().temperature
+    engine = get_engine(args.engine, args.board, args.kernel)
+    request, tok = _request(args)
+    engine.check(request)
+    out: list[int] = []
+    tokens = engine.generate(request)
     if tok and not args.json:
         for piece in stream_text(_collect(tokens, out), tok.decode):
             sys.stdout.write(piece)
             sys.stdout.flush()
     else:
         out.extend(tokens)
-    tm = model.timing
-    return {
-        "model": args.model,
-        "prompt_tokens": len(ids),
-        "generated_ids": out,
-        "text": tok.decode(out) if tok else None,
-        "prefill_tokens_per_s": len(ids) / tm["prefill_s"] if tm["prefill_s"] else None,
-        "tokens_per_s": tm["decoded"] / tm["decode_s"] if tm["decode_s"] else None,
-        "tokens_counted": model.traffic.tokens,
-        **model.traffic.per_token(),
-        "tiers": "device plan: " + args.device if args.device else "host: file = mmap'd rows, ram = float32 copies",
-        "resident_bytes": model.resident_bytes,
-    }
-
-
-def _generate_c(args: argparse.Namespace) -> dict:
-    """Run the request with the C runtime (plelab.edge.c_engine): the same result record as `_generate`."""
-    from types import SimpleNamespace
-
-    from plelab.edge import c_engine
-    from plelab.edge.format import PleFile
-    from plelab.edge.runtime import refuse_table_only
-    from plelab.inference.generate import fit_context
-
-    with PleFile(args.model, verify="none") as f:  # the C runtime verifies; here only the tokenizer is read
-        refuse_table_only(args.model, f.layout)  # in the NumPy engine's words (plerun's own say less)
-        cfg, tok = f.layout.model, None
-        if args.prompt is not None:
-            tok = _tokenizer(SimpleNamespace(file=f, vocab=cfg["vocab_size"]), args)
-    ids = tok.encode(args.prompt) if tok else _parse_ids(args.ids)
-    fit = fit_context(ids, args.max_new_tokens, cfg["max_seq_len"])
-    if fit.note:
-        print(f"plelab run: {fit.note}", file=sys.stderr)
-    ids = fit.prompt
-    r = c_engine.run(args.model, ids, len(ids) + fit.max_new_tokens - 1, args.temperature, args.top_k, args.seed,
-                     top_p=args.top_p, verify=args.verify, device=args.device, devices_file=args.devices,
-                     act=args.act, kv_dtype=args.kv_dtype, extra=["--head-skip"] if args.head_skip else None)
-    out = r["tokens"][len(ids):]
-    if tok and tok.eot_id in out:
-        out = out[: out.index(tok.eot_id) + 1]
-    if tok and not args.json:
-        sys.stdout.write(tok.decode(out))
-    return {
-        "model": args.model,
-        "engine": "c",
-        "prompt_tokens": len(ids),
-        "generated_ids": out,
-        "text": tok.decode(out) if tok else None,
-        "prefill_tokens_per_s": None,
-        "tokens_per_s": r["tok_per_s"] or None,
-        "tokens_counted": r["positions"],
-        "bytes_per_token": {k: v["bytes_per_token"] for k, v in r["traffic"].items()},
-        "reads_per_token": {k: v["reads_per_token"] for k, v in r["traffic"].items()},
-        "tiers": "device plan: " + args.device if args.device else "host: file = pread rows, ram = weights as stored",
-        "resident_bytes": r["arena_bytes"],
-        "head_rows_computed_share": r["head_rows_computed"] / r["head_rows"] if r["head_rows"] else None,
-    }
-
-
-def run_run(args: argparse.Namespace) -> int:
-    """Generate, then report text, tokens/s and traffic per tier per token."""
-    from plelab.edge.runtime import EdgeModel
-
-    if Path(args.model).is_dir():
-        raise PlelabError(f"{args.model} is a folder; give a .ple file (plelab export makes one from a run)")
-    if args.head_skip and (args.engine != "c" or args.act != "int8" or args.temperature > 0):
-        raise PlelabError("--head-skip needs --engine c --act int8 and greedy decoding (--temperature 0)")
-    placement = None
-    if args.device:
-        from plelab.edge.format import PleFile
-        from plelab.edge.placement import get_device, place
-
-        with PleFile(args.model, verify="none") as f:  # the KV cache the runtime keeps, as it keeps it
-            planned = place(f.layout, get_device(args.device, args.devices), kv_dtype=args.kv_dtype)
-        if not planned["fits"]:
-            raise PlelabError(f"{args.model} does not fit {args.device} (see plelab place); "
-                              "its traffic per tier would mean nothing")
-        placement = planned["placement"]
-    if args.engine == "c":
-        result = _generate_c(args)
-    else:
-        model = EdgeModel(args.model, args.verify, placement, kv_dtype=args.kv_dtype, act=args.act)
-        try:
-            result = _generate(model, args)
-        finally:
-            model.close()
-    out = result["generated_ids"]
+    result = {"model": args.model, "engine": engine.name, "prompt_tokens": len(request.prompt),
+              "generated_ids": out, "text": tok.decode(out) if tok else None, **engine.report()}
     if args.json:
         print_json(result)
         return 0
@@ -424,8 +392,11 @@ def run_run(args: argparse.Namespace) -> int:
         print("ids:", ",".join(map(str, out)), flush=True)
     else:
         print(flush=True)
-    tps = f"{result['tokens_per_s']:.1f}" if result["tokens_per_s"] else "n/a"
-    print(f"-- {len(out)} tokens, {tps} tokens/s decode; per token: "
+    if result.get("instructions_per_token"):
+        speed = f"{result['instructions_per_token'] / 1e6:.2f} M instructions per token on {result['board']}"
+    else:
+        speed = f"{result['tokens_per_s']:.1f} tokens/s decode" if result["tokens_per_s"] else "n/a tokens/s"
+    print(f"-- {len(out)} tokens, {speed}; per token: "
           + ", ".join(f"{k} {v:,.0f} B in {result['reads_per_token'][k]:g} reads"
                       for k, v in result["bytes_per_token"].items()), file=sys.stderr)
     return 0

@@ -30,6 +30,8 @@ COMMANDS = {
     "quant-recipe": "plelab.cli.quant_recipe",
     "place": "plelab.cli.edge",
     "run": "plelab.cli.edge",
+    "c": "plelab.cli.c_runtime",
+    "mcu": "plelab.cli.c_runtime",
     "vision": "plelab.cli.vision",
 }
 ALIASES = {"plan-train": "train-memory", "plan": "place"}

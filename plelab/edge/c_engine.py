@@ -1,9 +1,10 @@
 """Build the C runtime (plelab/edge/c) with the system compiler, cached by a hash of sources and flags, and run it.
 
-`build()` compiles `plerun` once per (sources, flags, compiler) into ~/.cache/plelab/c/<hash>/ (or
-$PLELAB_CACHE/c/<hash>/), atomically (compile to a temporary name, then rename), so concurrent first uses
-and edited sources are both safe. `run()` calls it with `--json` and returns the parsed result; a one-line
-error from the binary becomes a `PlelabError`. `devices_inc()` generates c/devices.inc from devices.toml.
+`build()` compiles `plerun` (or `plefuzz`, `plektest`) once per (sources, flags, compiler) into
+~/.cache/plelab/c/<hash>/ (or $PLELAB_CACHE/c/<hash>/), atomically (compile to a temporary name, then rename),
+so concurrent first uses and edited sources are both safe. `run()` calls it with `--json` and returns the parsed
+result; a one-line error from the binary becomes a `PlelabError`. `devices_inc()` generates c/devices.inc from
+devices.toml; `kernel_check()` runs the integer kernel's self-check (`plelab c build|kernels|devices`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
-from plelab.util.cbuild import CBuildError, c_compiler
+from plelab.util.cbuild import CBuildError, c_compiler, cache_dir
 
 C_DIR = Path(__file__).with_name("c")
-LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_kernels.c")
-HEADERS = ("ple.h", "ple_kernels.h", "ple_kcheck.h", "devices.inc", "ple_mutate.h")
+LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_int_kernels.c")
+HEADERS = ("ple.h", "ple_float_simd.h", "ple_int_kernels.h", "ple_kcheck.h", "devices.inc", "ple_mutate.h")
 # program -> its sources besides LIBRARY (plektest: the integer kernels' self-check, ple_kcheck.h)
 PROGRAMS = {"plerun": ("plerun.c",), "plefuzz": ("plefuzz.c",), "plektest": ("plektest.c", "ple_kcheck.c")}
 # fp-contract: let a * b + c become one fused multiply-add (C99 mode turns it off; +40% int4 tok/s here)
@@ -40,11 +41,6 @@ def compiler() -> str:
         return c_compiler()
     except CBuildError:
         raise CEngineError("no C compiler found (install gcc or clang, or set CC) to use the C engine") from None
-
-
-def _cache_root() -> Path:
-    root = os.environ.get("PLELAB_CACHE")
-    return Path(root) / "c" if root else Path.home() / ".cache" / "plelab" / "c"
 
 
 def _key(program: str, cc: str, flags: list[str]) -> str:
@@ -66,11 +62,13 @@ def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: boo
     """Compile `program` (plerun, plefuzz or plektest) if its cached binary is missing; returns the binary's path."""
     cc = compiler()
     flags = compile_flags(cflags, openmp, sanitize)
-    out_dir = _cache_root() / _key(program, cc, flags)
+    try:
+        out_dir = cache_dir("c", _key(program, cc, flags))
+    except CBuildError as exc:
+        raise CEngineError(str(exc)) from None
     binary = out_dir / program
     if binary.is_file():
         return binary
-    out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{program}.")
     os.close(fd)
     sources = [str(C_DIR / s) for s in (*LIBRARY, *PROGRAMS[program])]
@@ -103,7 +101,7 @@ def devices_inc(devices_file: str | None = None) -> str:
     text = "".join(device_profile(n, devices_file) for n in devs)
     body = "\n".join(f'    "{line}\\n"' for line in text.splitlines())
     return ("/* Generated from plelab/edge/devices.toml by plelab.edge.c_engine.devices_inc(); do not edit.\n"
-            " * Regenerate: python -m plelab.edge.c_engine devices > plelab/edge/c/devices.inc */\n"
+            " * Regenerate: plelab c devices > plelab/edge/c/devices.inc */\n"
             f"static const char BUILTIN_DEVICES[] =\n{body};\n"
             f'static const char BUILTIN_DEVICE_NAMES[] = "{", ".join(devs)}";\n')
 
@@ -143,12 +141,13 @@ def run(model: str | Path, ids: list[int], steps: int, temperature: float = 0.0,
     return json.loads(proc.stdout)
 
 
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["devices"]:
-        sys.stdout.write(devices_inc())
-    elif sys.argv[1:] == ["build"]:
-        print(build())
-    else:
-        sys.exit("usage: python -m plelab.edge.c_engine devices|build")
+def kernel_check(cases: int = 2000, seed: int = 1, cflags: str = "-O3 -march=native") -> dict[str, Any]:
+    """plektest: the integer kernel this build selects against its scalar reference on `cases` random dot products
+    (`mismatches` counts results that differ in any bit)."""
+    if cases < 1:
+        raise CEngineError(f"cases must be a positive integer, got {cases}")
+    binary = build(cflags=cflags, program="plektest")
+    proc = subprocess.run([str(binary), "--cases", str(cases), "--seed", str(seed)], capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        raise CEngineError(proc.stderr.strip().removeprefix("plektest: ") or f"plektest exit status {proc.returncode}")
+    return json.loads(proc.stdout)

@@ -1,4 +1,4 @@
-"""Fuzz the C runtime's .ple parser: `python -m plelab.edge.c_fuzz --cases 100000` prints one JSON line.
+"""Fuzz the C runtime's .ple parser: `plelab c fuzz --cases 100000` prints the counts.
 
 Builds `plefuzz` (plelab/edge/c/plefuzz.c) with AddressSanitizer + UBSan, exports a tiny int4 model as the
 seed file, and runs the in-process mutation loop. A crash, hang or sanitizer report is a non-zero exit.
@@ -6,7 +6,6 @@ seed file, and runs the in-process mutation loop. A crash, hang or sanitizer rep
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -32,6 +31,8 @@ def seed_file(path: str | Path) -> Path:
 
 def fuzz(cases: int, seed: int = 1, model: str | Path | None = None, timeout: float = 600) -> dict[str, Any]:
     """Run `cases` mutations; the harness's counts, or CEngineError on a crash / sanitizer report / hang."""
+    if cases < 1 or not timeout > 0:
+        raise CEngineError(f"cases and timeout must be positive, got {cases} and {timeout}")
     binary = build(sanitize=True, program="plefuzz")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(model) if model else seed_file(Path(tmp) / "seed.ple")
@@ -45,16 +46,3 @@ def fuzz(cases: int, seed: int = 1, model: str | Path | None = None, timeout: fl
         raise CEngineError(f"plefuzz failed with exit status {proc.returncode}: {tail}")
     return json.loads(proc.stdout)
 
-
-def main() -> None:
-    """CLI entry point."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", type=int, default=100_000, help="mutated files to try (default 100000)")
-    p.add_argument("--seed", type=int, default=1, help="mutation seed (default 1)")
-    p.add_argument("--model", help="seed .ple file (default: a tiny int4 export)")
-    args = p.parse_args()
-    print(json.dumps(fuzz(args.cases, args.seed, args.model)))
-
-
-if __name__ == "__main__":
-    main()

@@ -56,7 +56,7 @@ def quantize_i8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int8 codes and float32 scales of each vector (last axis) of x, exactly as the C runtime makes them.
 
     scale = max|x| / 127; code = x * (127 / max|x|) (a float32 product) rounded half away from zero; a vector of
-    zeros (or one that is not finite) gets zero codes. x ~= codes * scale. ple_kernels.c: ple_kact_quantize.
+    zeros (or one that is not finite) gets zero codes. x ~= codes * scale. ple_int_kernels.c: ple_kact_quantize.
     """
     x = np.asarray(x, np.float32)
     mx = np.abs(x).max(axis=-1, keepdims=True)

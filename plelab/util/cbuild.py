@@ -39,6 +39,21 @@ def cache_root() -> Path:
     return Path(root) / "lib" if root else Path.home() / ".cache" / "plelab" / "lib"
 
 
+def cache_dir(*parts: str) -> Path:
+    """The build cache folder $PLELAB_CACHE/PARTS (default ~/.cache/plelab/PARTS), created; CBuildError in one line
+    naming it and PLELAB_CACHE when it cannot be created or written."""
+    root = os.environ.get("PLELAB_CACHE")
+    path = (Path(root) if root else Path.home() / ".cache" / "plelab").joinpath(*parts)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()  # writable, not only present (a read-only mount)
+    except OSError as exc:
+        where = f"PLELAB_CACHE={root}" if root else "the default ~/.cache/plelab (PLELAB_CACHE unset)"
+        raise CBuildError(f"cannot write built binaries to {path}: {exc.strerror or exc} ({where}); set "
+                          "PLELAB_CACHE to a writable folder") from None
+    return path
+
+
 def cpu_identity() -> str:
     """The CPU's model name and feature flags (what -march=native compiles for)."""
     try:

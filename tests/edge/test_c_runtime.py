@@ -228,6 +228,10 @@ def test_plelab_run_engine_c_gives_the_numpy_engines_greedy_ids(export_tmp, caps
         errors[engine] = capsys.readouterr().err.strip()
     assert errors["c"] == errors["numpy"] and "token ids must lie in [0, 256); got [999, 1000]" in errors["c"]
     assert "\n" not in errors["c"]
+    for engine in ("numpy", "c"):  # an id no C long holds: named, not "--ids wants comma-separated integers"
+        assert main(["run", path, "--ids", "1,99999999999999999999999", "--engine", engine]) == 2
+        err = capsys.readouterr().err
+        assert "token ids must lie in [0, 256); got [99999999999999999999999]" in err and err.count("\n") == 1
 
 
 def test_esp_idf_storage_compiles_against_the_stub_header():

@@ -24,12 +24,16 @@ def test_the_esp_idf_component_lists_the_runtime_library():
     assert all(p.is_file() for p in mcu.esp_idf_sources())
 
 
-@needs_arm_gcc
+@pytest.mark.parametrize("board", [None, "virt-rv32imafc", "virt-rv32imac"])  # Xtensa's stand-in, the P4's, C6's
 @pytest.mark.parametrize("opt", ["-Og", "-O2"])  # ESP-IDF's debug and performance defaults
-def test_every_esp_idf_source_builds_warning_free_under_esp_idf_flags(opt):
-    """uint32_t is unsigned long on ESP-IDF v5's and arm's compilers: %u for it fails -Werror=all there only."""
+def test_every_esp_idf_source_builds_warning_free_under_esp_idf_flags(opt, board):
+    """uint32_t is unsigned long on ESP-IDF v5's and arm's compilers: %u for it fails -Werror=all there only. The
+    RISC-V chips build the RV32 integer kernel, its assembly included."""
+    cc = mcu.get_board(board).toolchain.cc if board else mcu.ARM_GCC
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not installed (bash scripts/setup.sh --test installs it)")
     for src in mcu.esp_idf_sources():
-        proc = mcu.esp_idf_compile(src, opt)
+        proc = mcu.esp_idf_compile(src, opt, board)
         assert proc.returncode == 0, proc.stderr
         warnings = [ln for ln in proc.stderr.splitlines() if "warning:" in ln or "error:" in ln]
         assert not warnings, "\n".join(warnings)
@@ -125,8 +129,37 @@ def test_bare_metal_greedy_ids_equal_the_host_engine_with_the_plans_arena(name, 
             assert st["refused"] == 0 and st["file_bytes"] == model.stat().st_size
             assert st["partition_bytes"] % 4096 == 0 and st["partition_bytes"] >= st["file_bytes"]
             assert all(t > 0 for t in r["token_ticks"])
+            # no double precision and no 64-bit division in the token path, on any core: on the RISC-V boards
+            # every double operation is a helper call, so this counts every one
+            assert r["helper_calls"] == {"soft_double": 0, "div64": 0, "double_math": 0}, (board, path)
             if name == "kv_in_psram_int8":
                 assert want_ram["psram"] > 0 and r["tiers"]["psram"]["arena"] >= want_ram["psram"]
+
+
+# every encoding and FFN kind, a paged table, an untied head: the token path's other branches
+HELPER_VARIANTS = {
+    "fp32": ([], {"quant": "fp32"}),
+    "fp16_lowrank": (["ffn.kind=lowrank", "ffn.rank=8"], {"quant": "fp16"}),
+    "int8_moe_untied": (["ffn.kind=moe", "ffn.num_experts=4", "ffn.top_k=2", "tie_embeddings=false"],
+                        {"quant": "int8", "group": 32}),
+    "int4_paged": ([], {"quant": "int4", "group": 32, "page": 512}),
+}
+
+
+@needs_mcu
+@pytest.mark.parametrize("board", ["mps2-an500", "virt-rv32imac"])  # all boards: the ids test
+def test_no_double_precision_or_64_bit_division_helper_is_called_per_token(board, tmp_path):
+    """The link wraps the compiler's double-precision and 64-bit division helpers and libm's double functions
+    (plelab/edge/mcu.py helper_wrappers); the image counts their calls during decode. On rv32imac, with no float
+    unit, every double operation is such a call; on the Cortex-M7 a double libm call or a 64-bit division is."""
+    for name, (overrides, opts) in HELPER_VARIANTS.items():
+        model = tmp_path / f"{name}.ple"
+        export_model(lively_model(*overrides), model, ExportOptions(**opts))
+        for path, options in PATHS.items():
+            if path == "int8" and opts["quant"] in ("fp32", "fp16"):
+                options = {"act": "int8", "kv": "int8"}  # no integer head to skip rows of
+            r = mcu.run_model(board, model, PROMPT, 6, **options)
+            assert r["helper_calls"] == {"soft_double": 0, "div64": 0, "double_math": 0}, (name, path)
 
 
 @needs_mcu
@@ -134,7 +167,7 @@ def test_every_integer_kernel_builds_with_werror_and_gives_the_host_ids(models):
     model = models["gemma_int4"]
     host = c_engine.run(model, PROMPT, STEPS, device="esp32-s3", cflags="-O2", extra=HOST_FLAGS["int8"])
     for board in BOARDS:
-        best = mcu.BOARDS[board].kernels[-1]  # what a build without the switch picks: DSP on the M7, Helium on the M55
+        best = mcu.BOARDS[board].int_kernels[-1]  # a build without the switch: DSP on the M7, Helium on the M55
         for kernel, name in ((None, best), ("portable", "portable")):
             r = mcu.run_model(board, model, PROMPT, STEPS, kernel=kernel, **PATHS["int8"])
             assert r["kernel"] == name and r["tokens"] == host["tokens"], (board, kernel)
@@ -201,7 +234,8 @@ def test_mutated_files_in_flash_end_in_a_message_never_a_fault(board, models):
 @needs_mcu
 @pytest.mark.parametrize("board", BOARDS)
 def test_a_fault_ends_in_one_message_and_status_3(board, models):
-    for kind, what in (("bus", "BusFault"), ("stack", "MemManage" if board == "mps2-an500" else "UsageFault")):
+    stack = {"mps2-an500": "MemManage", "mps3-an547": "UsageFault"}.get(board, "store access fault")
+    for kind, what in (("bus", "load access fault" if board.startswith("virt") else "BusFault"), ("stack", stack)):
         run = mcu_run(board, models["gemma_int4"], "fault", "--kind", kind, timeout=30)
         assert run.returncode == 3 and run.message.startswith(f"fault: {what}"), (kind, run.message)
 
@@ -209,3 +243,60 @@ def test_a_fault_ends_in_one_message_and_status_3(board, models):
 def test_setup_installs_the_packages_the_mcu_tests_need():
     setup = (Path(__file__).parents[2] / "scripts" / "setup.sh").read_text()
     assert f'mcu_packages="{" ".join(mcu.DEBIAN_PACKAGES)}"' in setup
+
+
+# ---- what a user types wrong: refused in one line, before any work (issue 37, items 11, 12, 14, 15) ----------
+
+
+@needs_mcu
+@pytest.mark.parametrize("mode, count", [("fuzz", "--cases"), ("kernels", "--cases"), ("calibrate", "--loops"),
+                                         ("run", "--steps")])
+def test_the_harness_refuses_a_count_below_one(models, mode, count):
+    """`fuzz --cases -5` once ran no case and passed."""
+    for value in ("-5", "0"):
+        run = mcu_run("mps2-an500", models["gemma_int4"], mode, count, value, timeout=30)
+        assert run.returncode == 2 and run.message == f"{count} must be at least 1, got {value}", run.message
+
+
+def test_plelab_mcu_refuses_negative_counts_and_timeouts_in_one_line(capsys):
+    from plelab.cli.main import main
+
+    for argv in (["mcu", "fuzz", "--cases", "-5"], ["mcu", "run", "m.ple", "--timeout", "-1"],
+                 ["mcu", "kernels", "--cases", "0"], ["mcu", "calibrate", "--loops", "-2"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and argv[-2] in err, err
+    with pytest.raises(mcu.McuError, match="cases must be a positive integer, got -5"):
+        mcu.fuzz_args(-5)
+
+
+def test_a_negative_timeout_is_refused_not_taken_for_a_hang(models):
+    with pytest.raises(mcu.McuError, match="the timeout must be a positive number of seconds, got -1"):
+        mcu.run_image("mps2-an500", models["gemma_int4"], ["calibrate"], timeout=-1)
+
+
+def test_an_unwritable_build_cache_is_one_line_naming_plelab_cache(models, tmp_path, monkeypatch, capsys):
+    """A path under a regular file cannot be created, even by root (a read-only folder can be, by root)."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("PLELAB_CACHE", str(blocker / "cache"))
+    with pytest.raises(mcu.McuError, match=f"cannot write built binaries to {blocker}/cache/mcu.*PLELAB_CACHE="):
+        mcu.build_image("mps2-an500", models["gemma_int4"])
+    from plelab.cli.main import main
+
+    assert main(["mcu", "build", str(models["gemma_int4"])]) == 2
+    err = capsys.readouterr().err
+    assert "set PLELAB_CACHE to a writable folder" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_model_bigger_than_the_boards_flash_is_refused_before_it_is_read_or_anything_built(tmp_path, monkeypatch):
+    """`mcu build` once read a 3 GB file wholly into memory, then failed to link it."""
+    monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))
+    big = tmp_path / "big.ple"
+    with open(big, "wb") as f:  # sparse, four flashes' worth: a regression that reads it costs 64 MiB, not 3 GB
+        f.truncate(64 << 20)
+    for board in BOARDS:
+        with pytest.raises(mcu.McuError, match=f"is 67,108,864 bytes; the {board}'s flash holds 16,777,216"):
+            mcu.build_image(board, big)
+    assert not (tmp_path / "cache" / "mcu" / "obj").exists()  # nothing compiled

@@ -23,13 +23,17 @@ int ple_fail(char *err, const char *fmt, ...)
 #endif
     ;
 
-/* Matrix-vector kernels, chosen at compile time with -DPLE_KERNEL=PLE_KERNEL_...: PORTABLE is plain C99 loops,
- * VECTOR the GCC / clang vector extensions (the default with those compilers, plain loops elsewhere), DSP the
- * Armv7E-M DSP instructions (Cortex-M4 / M7), HELIUM Armv8.1-M MVE (Cortex-M55). */
+/* The build switch, -DPLE_KERNEL=PLE_KERNEL_...: which float SIMD paths (ple_float_simd.h) and which integer kernel
+ * (ple_int_kernels.h) a build compiles. PORTABLE: plain C99 loops for both; VECTOR: the GCC / clang vector
+ * extensions for the float paths (their default with those compilers, except on Cortex-M), the portable integer
+ * kernel; DSP: the Armv7E-M DSP integer kernel (Cortex-M4 / M7); HELIUM: the Armv8.1-M MVE integer kernel
+ * (Cortex-M55); RV32: the RV32IM integer kernel (any RISC-V core with M). Without the switch each side takes the
+ * best the target has. */
 #define PLE_KERNEL_PORTABLE 1
 #define PLE_KERNEL_VECTOR 2
 #define PLE_KERNEL_DSP 3
 #define PLE_KERNEL_HELIUM 4
+#define PLE_KERNEL_RV32 5
 
 enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
 enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK, PLE_MOE };
@@ -125,7 +129,7 @@ typedef struct {
     int map_weights;           /* use weights in place when the storage maps (not counted in the arena) */
     const ple_device *device;  /* NULL: host accounting (rows from `file`, weights in `ram`) */
     uint64_t max_arena;        /* refuse models whose arena would exceed this many bytes (0: no limit) */
-    int int8_act;              /* products with int8 / int4 weights take int8 activations (ple_kernels.h); 0: float */
+    int int8_act;              /* products with int8 / int4 weights take int8 activations (ple_int_kernels.h); 0: float */
     int int8_kv;               /* keep the KV cache as int8 codes + one float scale per head vector; 0: float32 */
     int head_skip;             /* ple_forward_greedy computes only the head rows that can still win (needs int8_act) */
     /* NULL: one malloc'ed arena. Else device->n_tiers entries (storage tiers' ignored): each tensor and the
@@ -137,7 +141,7 @@ typedef struct {
 /* Per RAM tier: what the model takes of it. */
 typedef struct {
     char tier[32];
-    uint64_t placed;    /* weights + KV cache placed there (plelab plan's `used` at context max_seq_len) */
+    uint64_t placed;    /* weights + KV cache placed there (plelab place's `used` at context max_seq_len) */
     uint64_t arena;     /* bytes of it the model occupies: placed, 64-byte alignment, working buffers */
     uint64_t available; /* the region's bytes, or the tier's capacity when there are no regions */
 } ple_tier_use;

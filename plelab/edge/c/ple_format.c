@@ -335,7 +335,7 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
     p += MODEL_HEAD;
     if (d->n_tensors == 0) /* `plelab export --hf`: a foreign checkpoint's PLE table alone, for planning */
         return ple_fail(err, "is a table-only export (no core weights); there is no core to run: use it with "
-                             "`plelab plan` or the record reader");
+                             "`plelab place` or the record reader");
     d->eps = (float)eps;
     d->theta = (float)theta;
     if (!(eps > 0 && eps < 1) || !(theta > 1 && theta < 1e12))

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#include "ple_kernels.h"
+#include "ple_int_kernels.h"
 
 static uint32_t rng(uint32_t *s) { /* xorshift32 */
     *s ^= *s << 13;
@@ -73,6 +73,9 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
         if (c % 16 == 15) { /* one group longer than a kernel's int32 run (PLE_KCHUNK values) */
             group = maxn;
             n = PLE_KCHUNK + 1 + rng(&s) % (maxn - PLE_KCHUNK - 64);
+        } else if (c % 16 == 7) { /* rows and groups of whole 32-value chunks (kernels that take rows four at a time) */
+            group = 32 * (1 + rng(&s) % 4);
+            n = 32 * (1 + rng(&s) % 8);
         } else {
             group = groups[rng(&s) % (sizeof groups / sizeof groups[0])];
             n = 1 + rng(&s) % 300;
@@ -116,8 +119,8 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
             fprintf(emit, "\"}\n");
         }
         if (n <= 300) { /* the row walkers: ple_kdot_dense on rows of n values, ple_kdot_rows on n-value records */
-            float rows_out[4];
-            uint32_t r0 = e0 / n, r1 = r0 + 1 + rng(&s) % 3;
+            float rows_out[16];
+            uint32_t r0 = e0 / n, r1 = r0 + 1 + rng(&s) % 9;
             if (r1 * n > maxn) r1 = maxn / n;
             uint32_t total = r1 * n, cb = dtype == PLE_INT8 ? total : (total + 1) / 2;
             for (uint32_t i = 0; i < cb; i++) codes[i] = (uint8_t)rng(&s);
@@ -128,15 +131,17 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
             ple_kdot_dense(rows_out, dtype, codes, scales, group, r0, r1, n, &a);
             for (uint32_t r = r0; r < r1; r++)
                 check(out, c, rows_out[r - r0], reference(dtype, codes, scales, group, (uint64_t)r * n, n, &a));
-            /* records: the codes, then the fp16 scale, then 0-2 bytes of padding */
+            /* records: the codes, then the fp16 scale, then 0-2 bytes of padding; up to 16 of them, so kernels
+             * that take rows in groups (four of one offset class) meet groups and leftovers */
             uint32_t scale_at = dtype == PLE_INT8 ? n : (n + 1) / 2, rec = scale_at + 2 + rng(&s) % 3;
-            uint32_t nrec = 1 + rng(&s) % 3;
+            uint32_t nrec = 1 + rng(&s) % 16;
             for (uint32_t i = 0; i < nrec * rec; i++) codes[i] = (uint8_t)rng(&s);
             for (uint32_t r = 0; r < nrec; r++) codes[r * rec + scale_at + 1] = (uint8_t)(0x10 + rng(&s) % 0x40);
             ple_kdot_rows(rows_out, dtype, codes, codes + scale_at, rec, nrec, n, &a);
             for (uint32_t r = 0; r < nrec; r++)
                 check(out, c, rows_out[r], reference(dtype, codes + r * rec, codes + r * rec + scale_at, n, 0, n, &a));
-            uint32_t idx[3] = {nrec - 1, 0, nrec / 2}; /* rows picked out of order (the greedy head's blocks) */
+            uint32_t idx[16]; /* rows picked out of order (the greedy head's blocks) */
+            for (uint32_t k = 0; k < nrec; k++) idx[k] = (k * 7 + nrec - 1) % nrec;
             ple_kdot_pick(rows_out, dtype, codes, codes + scale_at, rec, idx, nrec, n, &a);
             for (uint32_t k = 0; k < nrec; k++)
                 check(out, c, rows_out[k],

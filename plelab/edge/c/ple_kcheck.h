@@ -1,4 +1,4 @@
-/* Self-check of the integer kernels (ple_kernels.h) on the target itself: the kernel this build selected against a
+/* Self-check of the integer kernels (ple_int_kernels.h) on the target itself: the kernel this build selected against a
  * plain scalar reference compiled into the same binary, on odd sizes. Run by plektest on the host and by the
  * bare-metal harness's `plemcu kernels` under QEMU (tests/edge/test_c_mcu_kernels.py). */
 #ifndef PLE_KCHECK_H
@@ -15,7 +15,8 @@ typedef struct {
 
 /* Working memory ple_kcheck needs (the caller's: a bare-metal board hands it a spare RAM region). */
 #define PLE_KCHECK_MAXN 4400u /* longest vector: past PLE_KCHUNK, so a group is summed in two int32 runs */
-#define PLE_KCHECK_BYTES (4u * PLE_KCHECK_MAXN + 5u * (PLE_KCHECK_MAXN + 16u) + 2u * PLE_KCHECK_MAXN + 256u)
+/* the activation (floats), its kact memory (ple_kact_bytes), the codes, the scales (two bytes a group of one) */
+#define PLE_KCHECK_BYTES (4u * PLE_KCHECK_MAXN + 6u * (PLE_KCHECK_MAXN + 16u) + 64u + (PLE_KCHECK_MAXN + 16u) + 2u * PLE_KCHECK_MAXN + 256u)
 
 /* `cases` random dot products (seeded): int4 / int8 weights, group sizes and lengths that are no multiple of any
  * kernel's width, runs starting at odd offsets, groups longer than a kernel's int32 run, full code ranges. Each

@@ -2,16 +2,13 @@
  * section 7), weights used as stored (fp32 / fp16 / int8 / int4, 1-bit MGLU masks), one arena. Every FFN kind of
  * the format runs: SwiGLU, MGLU (masks applied bit by bit), low-rank, and MoE (only the routed experts read).
  *
- * Why the kernels look as they do: a decode step is a chain of matrix-vector products, dominated by the
- * output head (vocab x hidden). Each row is a sum over contiguous codes with one fp16 scale per group, so
- * the scale is applied once per group segment and the inner loops are vector reductions (see dot_f32).
- * int4 codes pair with the even / odd halves of x,
- * split once per matrix-vector product, so the nibble loop stays contiguous too. fp32 matrices and the int4
- * head go four rows per pass (rows4_*): each load of x serves four rows, and their four sums share one
- * horizontal reduction; per-row overhead, not arithmetic, was what kept a 96-wide head slow.
+ * Each matrix-vector product goes to the float SIMD paths (ple_float_simd.h) or, with int8 activations, to the
+ * integer kernels (ple_int_kernels.h); this file decides which rows go where and owns everything else: the
+ * arena, placement and traffic, attention, the FFN kinds, PLE, the greedy head.
  */
 #include "ple.h"
-#include "ple_kernels.h"
+#include "ple_float_simd.h"
+#include "ple_int_kernels.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -24,25 +21,11 @@
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
-#if defined(__AVX__) || defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #define ALIGN 64
 #define N_SCRATCH 22 /* float buffers of maxdim values in the arena (ple_open's bufs) */
 #define PAR_MIN_WORK (1 << 18) /* multiply-adds below which a product stays on one thread (fork/join costs) */
 #define KROWS 256 /* rows an integer product hands its kernel at once (and a thread's share at least) */
-#if defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_PORTABLE && !defined(PLE_SCALAR)
-#define PLE_SCALAR /* PORTABLE: the float products are the plain C99 loops too */
-#endif
-/* Cortex-M: GCC lowers the eight-float vectors below to scalar code with extra moves (no float SIMD on the M7;
- * MVE's four lanes on the M55), and the plain loops take ~37% fewer instructions (benchmarks/bench_mcu.py,
- * esp32-28m fp32: 52.2 M -> 32.9 M per token on the M7, 48.9 M -> 31.1 M on the M55). -DPLE_KERNEL=PLE_KERNEL_VECTOR
- * keeps the vectors. */
-#if defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M' && !defined(PLE_SCALAR) && \
-    !(defined(PLE_KERNEL) && PLE_KERNEL == PLE_KERNEL_VECTOR)
-#define PLE_SCALAR
-#endif
 #define HEAD_BLOCK 16 /* head rows the greedy head skip decides on at once (ple_forward_greedy) */
 
 typedef struct {
@@ -83,7 +66,10 @@ struct ple_model {
     float *kcache, *vcache;  /* float KV cache: [layer][kv head][position][head_dim] */
     int8_t *kq, *vq;         /* int8 KV cache (opt.int8_kv): codes as kcache's values ... */
     float *ks, *vs;          /* ... and one scale per [layer][kv head][position] */
-    double kv_pos_bytes;     /* bytes of keys and values one position adds (plan.py's kv_bytes_per_position) */
+    uint64_t kv_pos_bytes;   /* bytes of keys and values one position adds (plan.py's kv_bytes_per_position) */
+    /* per-model constants, computed once in ple_open so the token path needs no double or transcendental call */
+    float att_scale, embed_scale, ple_ident, ctx_scale, fuse;
+    float *rope_inv, *rope_cos, *rope_sin; /* head_dim / 2 each: inverse frequencies; this position's cos, sin */
     float *x, *xn, *y, *q, *k, *v, *att, *h1, *h2, *h3, *lr, *raw, *pin, *ctx, *g, *t, *wv, *row, *xe, *xo, *probs, *acc;
     float *logits;
     uint32_t maxdim;
@@ -100,15 +86,13 @@ struct ple_model {
     /* traffic */
     int n_tiers;
     ple_tier tiers[PLE_MAX_TIERS];
-    double bytes[PLE_MAX_TIERS], reads[PLE_MAX_TIERS], dense_bytes[PLE_MAX_TIERS], dense_reads[PLE_MAX_TIERS];
+    uint64_t bytes[PLE_MAX_TIERS], reads[PLE_MAX_TIERS], dense_bytes[PLE_MAX_TIERS], dense_reads[PLE_MAX_TIERS];
     uint64_t tokens;
 };
 
 /* ---- scalar helpers --------------------------------------------------------------------------------- */
 
 static inline float f16(const uint8_t *p) { return ple_f16(p); }
-
-static int nib(uint8_t b, int high) { return ((high ? b >> 4 : b & 15) ^ 8) - 8; }
 
 static uint64_t up64(uint64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
@@ -121,8 +105,8 @@ static float value_at(const qmat *w, const uint8_t *codes, const uint8_t *scales
         return f;
     }
     case PLE_FP16: return f16(codes + 2 * e);
-    case PLE_INT8: return (float)(int8_t)codes[e] * f16(scales + 2 * (e / w->group));
-    case PLE_INT4: return (float)nib(codes[e / 2], (int)(e & 1)) * f16(scales + 2 * (e / w->group));
+    case PLE_INT8: return (float)(int8_t)codes[e] * f16(scales + 2 * ple_group_of(e, w->group));
+    case PLE_INT4: return (float)nib(codes[e / 2], (int)(e & 1)) * f16(scales + 2 * ple_group_of(e, w->group));
     default: return (float)((codes[e / 8] >> (7 - e % 8)) & 1);
     }
 }
@@ -150,8 +134,9 @@ static void deq_row(const qmat *w, uint32_t r, float *out) {
         for (uint32_t i = 0; i < w->cols; i++) out[i] = value_at(w, c, s, e0 + i);
         return;
     }
-    for (uint64_t e = e0, end = e0 + w->cols; e < end;) {
-        uint64_t g = e / w->group, b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
+    uint64_t g = ple_group_of(e0, w->group); /* one division per row: then group by group */
+    for (uint64_t e = e0, end = e0 + w->cols; e < end; g++) {
+        uint64_t b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
         float scale = f16(s + 2 * g);
         if (w->dtype == PLE_INT8)
             for (; e < b; e++) out[e - e0] = (float)(int8_t)c[e] * scale;
@@ -160,161 +145,7 @@ static void deq_row(const qmat *w, uint32_t r, float *out) {
     }
 }
 
-/* ---- dot products ----------------------------------------------------------------------------------- */
-
-/* Dot products. With GCC / clang (ESP-IDF's toolchains included) they use the compilers' vector extensions:
- * eight-float accumulators that stay in registers, so no -ffast-math is needed to vectorise a reduction and
- * short rows (96 values) pay no store-to-load stall when the lanes are summed. Other compilers get the
- * plain C99 loops. Define PLE_SCALAR to force those. */
-static float dot_f32_scalar(const float *w, const float *x, size_t n) {
-    float s = 0;
-    for (size_t i = 0; i < n; i++) s += w[i] * x[i];
-    return s;
-}
-
-static float dot_i8_scalar(const int8_t *c, const float *x, size_t n) {
-    float s = 0;
-    for (size_t i = 0; i < n; i++) s += (float)c[i] * x[i];
-    return s;
-}
-
-/* n byte pairs: low nibble times xe[j], high nibble times xo[j]. */
-static float dot_i4_scalar(const uint8_t *c, const float *xe, const float *xo, size_t n) {
-    float s = 0;
-    for (size_t j = 0; j < n; j++) s += (float)nib(c[j], 0) * xe[j] + (float)nib(c[j], 1) * xo[j];
-    return s;
-}
-
-#if defined(__GNUC__) && !defined(PLE_SCALAR)
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi" /* static helpers only: no vector crosses an external ABI */
-#endif
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8f load8(const float *p) {
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* Sum of the eight lanes; in registers with AVX (element access makes GCC spill the vector and reload). */
-static inline float hsum(v8f v) {
-#ifdef __AVX__
-    __m256 w;
-    memcpy(&w, &v, sizeof w);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-#else
-    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-#endif
-}
-
-static inline float dot_f32(const float *w, const float *x, size_t n) {
-    v8f a = {0}, b = {0};
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a += load8(w + i) * load8(x + i);
-        b += load8(w + i + 8) * load8(x + i + 8);
-    }
-    for (; i + 8 <= n; i += 8) a += load8(w + i) * load8(x + i);
-    return hsum(a + b) + dot_f32_scalar(w + i, x + i, n - i);
-}
-
-/* Eight codes widened to eight int32 lanes (one vpmovzxbd / vpmovsxbd with AVX2; GCC's generic byte-vector
- * widening goes through scalar inserts). */
-static inline v8i widen_u8(const uint8_t *p) {
-#ifdef __AVX2__
-    v8i v;
-    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
-    memcpy(&v, &w, sizeof v);
-    return v;
-#else
-    v8i v = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
-    return v;
-#endif
-}
-
-static inline v8i widen_s8(const int8_t *p) {
-#ifdef __AVX2__
-    v8i v;
-    __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
-    memcpy(&v, &w, sizeof v);
-    return v;
-#else
-    v8i v = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
-    return v;
-#endif
-}
-
-static inline float dot_i8(const int8_t *c, const float *x, size_t n) {
-    v8f a = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) a += __builtin_convertvector(widen_s8(c + i), v8f) * load8(x + i);
-    return hsum(a) + dot_i8_scalar(c + i, x + i, n - i);
-}
-
-static inline float dot_i4(const uint8_t *c, const float *xe, const float *xo, size_t n) {
-    v8f a = {0}, b = {0}; /* low and high nibbles accumulate apart: two dependency chains */
-    size_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        v8i q = widen_u8(c + j);
-        v8i lo = ((q & 15) ^ 8) - 8, hi = ((q >> 4) ^ 8) - 8;
-        a += __builtin_convertvector(lo, v8f) * load8(xe + j);
-        b += __builtin_convertvector(hi, v8f) * load8(xo + j);
-    }
-    return hsum(a + b) + dot_i4_scalar(c + j, xe + j, xo + j, n - j);
-}
-
-/* As dot_i4 with the nibbles read as unsigned n ^ 8 = code + 8: the caller subtracts 8 * sum(x). Three
- * integer operations per eight bytes instead of six, for rows that span the whole x (the head). */
-static inline float dot_i4_biased(const uint8_t *c, const float *xe, const float *xo, size_t n) {
-    v8f a = {0}, b = {0};
-    size_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        v8i q = widen_u8(c + j) ^ 0x88;
-        a += __builtin_convertvector(q & 15, v8f) * load8(xe + j);
-        b += __builtin_convertvector(q >> 4, v8f) * load8(xo + j);
-    }
-    float s = hsum(a + b);
-    for (; j < n; j++) s += (float)((c[j] ^ 8) & 15) * xe[j] + (float)((c[j] ^ 0x80) >> 4) * xo[j];
-    return s;
-}
-
-/* One int4 row of a grouped matrix (groups may straddle rows): values [e0, e0 + cols), e0 even. Each group's
- * segment accumulates in vector lanes scaled by its fp16 scale, so a row is reduced once, not per segment. */
-static float row_i4(const uint8_t *c, const uint8_t *sc, uint64_t e0, uint32_t cols, uint32_t group, const float *x,
-                    const float *xe, const float *xo) {
-    v8f acc = {0};
-    float rest = 0;
-    uint64_t g = e0 / group;
-    for (uint64_t a = e0, end = e0 + cols; a < end; g++) {
-        uint64_t b = (g + 1) * group < end ? (g + 1) * group : end, n = a & 1 ? 0 : (b - a) / 16 * 8; /* bytes */
-        const uint8_t *cp = c + a / 2;
-        const float *pe = xe + (a - e0) / 2, *po = xo + (a - e0) / 2;
-        float s = f16(sc + 2 * g);
-        v8f lo = {0}, hi = {0};
-        for (uint64_t j = 0; j < n; j += 8) {
-            v8i q = widen_u8(cp + j) ^ 0x88;
-            lo += __builtin_convertvector((q & 15) - 8, v8f) * load8(pe + j);
-            hi += __builtin_convertvector((q >> 4) - 8, v8f) * load8(po + j);
-        }
-        acc += s * (lo + hi);
-        for (a += 2 * n; a < b; a++) rest += s * ((float)nib(c[a / 2], (int)(a & 1)) * x[a - e0]);
-    }
-    return hsum(acc) + rest;
-}
-#else
-#define dot_f32 dot_f32_scalar
-#define dot_i8 dot_i8_scalar
-#define dot_i4 dot_i4_scalar
-static float dot_i4_biased(const uint8_t *c, const float *xe, const float *xo, size_t n) {
-    float s = 0;
-    for (size_t j = 0; j < n; j++) s += (float)((c[j] ^ 8) & 15) * xe[j] + (float)((c[j] ^ 0x80) >> 4) * xo[j];
-    return s;
-}
-#endif
+/* ---- products of float activations: the float SIMD paths (ple_float_simd.h) per matrix --------------- */
 
 /* Sum over values [a, b) of one group (all sharing one scale) times x[a - e0 ...]. */
 static inline float segment(const qmat *w, const uint8_t *c, uint64_t a, uint64_t b, uint64_t e0, const float *x,
@@ -329,120 +160,6 @@ static inline float segment(const qmat *w, const uint8_t *c, uint64_t a, uint64_
     for (; a < b; a++) s += (float)nib(c[a / 2], (int)(a & 1)) * x[a - e0];
     return s;
 }
-
-/* rows4_*: rows r .. r + 3 of a matrix whose rows lie `stride` bytes apart (a dense matrix, or the tied head's
- * records) times x, each row fp32 or one int4 group; the four rows share each load of x and one reduction. */
-#if defined(__GNUC__) && !defined(PLE_SCALAR)
-/* The lane sums of four vectors into out[0..3]. */
-static inline void hsum4(v8f a, v8f b, v8f c, v8f d, float *out) {
-#ifdef __AVX__
-    __m256 A, B, C, D;
-    memcpy(&A, &a, sizeof A);
-    memcpy(&B, &b, sizeof B);
-    memcpy(&C, &c, sizeof C);
-    memcpy(&D, &d, sizeof D);
-    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(A, B), _mm256_hadd_ps(C, D)); /* lanes: a b c d | a b c d */
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
-#else
-    out[0] = hsum(a), out[1] = hsum(b), out[2] = hsum(c), out[3] = hsum(d);
-#endif
-}
-
-static void rows4_f32(const uint8_t *c, size_t stride, const float *x, size_t n, float *out) {
-    const float *w0 = (const float *)(const void *)c, *w1 = (const float *)(const void *)(c + stride),
-                *w2 = (const float *)(const void *)(c + 2 * stride), *w3 = (const float *)(const void *)(c + 3 * stride);
-    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) { /* two accumulators per row: the FMA latency chains stay short */
-        v8f xa = load8(x + i), xb = load8(x + i + 8);
-        /* the pass after next: +5-10% on an fp32 head streamed from memory (a prefetch never faults, so
-         * running past the last row is harmless) */
-        for (int r = 0; r < 4; r++) __builtin_prefetch(c + (8 + r) * stride + 4 * i);
-        a0 += load8(w0 + i) * xa, b0 += load8(w0 + i + 8) * xb;
-        a1 += load8(w1 + i) * xa, b1 += load8(w1 + i + 8) * xb;
-        a2 += load8(w2 + i) * xa, b2 += load8(w2 + i + 8) * xb;
-        a3 += load8(w3 + i) * xa, b3 += load8(w3 + i + 8) * xb;
-    }
-    for (; i + 8 <= n; i += 8) {
-        v8f xa = load8(x + i);
-        a0 += load8(w0 + i) * xa, a1 += load8(w1 + i) * xa, a2 += load8(w2 + i) * xa, a3 += load8(w3 + i) * xa;
-    }
-    hsum4(a0 + b0, a1 + b1, a2 + b2, a3 + b3, out);
-    out[0] += dot_f32_scalar(w0 + i, x + i, n - i), out[1] += dot_f32_scalar(w1 + i, x + i, n - i);
-    out[2] += dot_f32_scalar(w2 + i, x + i, n - i), out[3] += dot_f32_scalar(w3 + i, x + i, n - i);
-}
-
-/* The int4 head pass is bound by widening and converting codes, so it takes the widest vectors there are:
- * sixteen lanes with AVX-512 (+11-14% tok/s over eight), else eight (sixteen would not fit eight
- * accumulators in sixteen AVX2 registers). */
-#ifdef __AVX512F__
-#define HEAD_LANES 16
-#else
-#define HEAD_LANES 8
-#endif
-typedef float vhf __attribute__((vector_size(4 * HEAD_LANES)));
-typedef int32_t vhi __attribute__((vector_size(4 * HEAD_LANES)));
-
-static inline vhf load_h(const float *p) {
-    vhf v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* HEAD_LANES codes, as code + 8 (nibble pairs read with n ^ 8), in int32 lanes. */
-static inline vhi widen_h(const uint8_t *p) {
-#if HEAD_LANES == 16
-    vhi v;
-    __m512i w = _mm512_xor_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)),
-                                 _mm512_set1_epi32(0x88));
-    memcpy(&v, &w, sizeof v);
-    return v;
-#else
-    return widen_u8(p) ^ 0x88;
-#endif
-}
-
-/* v as eight lanes with the same total. */
-static inline v8f fold8(vhf v) {
-#if HEAD_LANES == 16
-    v8f a, b;
-    memcpy(&a, &v, sizeof a);
-    memcpy(&b, (const char *)&v + sizeof a, sizeof b);
-    return a + b;
-#else
-    return v;
-#endif
-}
-
-/* int4: as dot_i4_biased (codes read as code + 8, the caller subtracts 8 * sum(x)); n bytes per row. */
-static void rows4_i4(const uint8_t *c, size_t stride, const float *xe, const float *xo, size_t n, float *out) {
-    const uint8_t *c0 = c, *c1 = c + stride, *c2 = c + 2 * stride, *c3 = c + 3 * stride;
-    vhf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-    size_t j = 0;
-    for (; j + HEAD_LANES <= n; j += HEAD_LANES) {
-        vhf e = load_h(xe + j), o = load_h(xo + j);
-        vhi q0 = widen_h(c0 + j), q1 = widen_h(c1 + j), q2 = widen_h(c2 + j), q3 = widen_h(c3 + j);
-        a0 += __builtin_convertvector(q0 & 15, vhf) * e, b0 += __builtin_convertvector(q0 >> 4, vhf) * o;
-        a1 += __builtin_convertvector(q1 & 15, vhf) * e, b1 += __builtin_convertvector(q1 >> 4, vhf) * o;
-        a2 += __builtin_convertvector(q2 & 15, vhf) * e, b2 += __builtin_convertvector(q2 >> 4, vhf) * o;
-        a3 += __builtin_convertvector(q3 & 15, vhf) * e, b3 += __builtin_convertvector(q3 >> 4, vhf) * o;
-    }
-    hsum4(fold8(a0 + b0), fold8(a1 + b1), fold8(a2 + b2), fold8(a3 + b3), out);
-    for (int r = 0; r < 4; r++)
-        for (size_t k = j; k < n; k++) {
-            uint8_t b = c[r * stride + k];
-            out[r] += (float)((b ^ 8) & 15) * xe[k] + (float)((b ^ 0x80) >> 4) * xo[k];
-        }
-}
-#else
-static void rows4_f32(const uint8_t *c, size_t stride, const float *x, size_t n, float *out) {
-    for (int r = 0; r < 4; r++) out[r] = dot_f32((const float *)(const void *)(c + r * stride), x, n);
-}
-
-static void rows4_i4(const uint8_t *c, size_t stride, const float *xe, const float *xo, size_t n, float *out) {
-    for (int r = 0; r < 4; r++) out[r] = dot_i4_biased(c + r * stride, xe, xo, n);
-}
-#endif
 
 /* Row r of W times x; xe / xo: the int4 split of x (NULL when unused), sx: the sum of x. */
 static inline float dot_row(const qmat *w, uint32_t r, const float *x, const float *xe, const float *xo, float sx) {
@@ -461,7 +178,7 @@ static inline float dot_row(const qmat *w, uint32_t r, const float *x, const flo
     if (xe) return row_i4(c, sc, e0, w->cols, w->group, x, xe, xo); /* xe: int4, even cols */
 #endif
     float sum = 0;
-    uint64_t g = e0 / w->group; /* one division per row: segments then step group by group */
+    uint64_t g = ple_group_of(e0, w->group); /* one division per row: segments then step group by group */
     for (uint64_t a = e0, end = e0 + w->cols; a < end; g++) {
         uint64_t b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
         sum += f16(sc + 2 * g) * segment(w, c, a, b, e0, x, xe, xo);
@@ -497,7 +214,7 @@ static void matvec(float *out, const qmat *w, const float *x, const float *pe, c
         return;
     }
 #if defined(__GNUC__) && !defined(PLE_SCALAR)
-    if (pe && !w->table) { /* dense int4: straight to the row kernel, no per-row dispatch */
+    if (pe && !w->table) { /* dense int4: straight to row_i4, no per-row dispatch */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if ((uint64_t)w->rows * w->cols >= PAR_MIN_WORK)
 #endif
@@ -523,7 +240,7 @@ static void act(ple_model *m, const float *x, uint32_t n) {
 }
 
 /* out = W x for the current activation x: int8 codes times the stored integers when the model runs integer
- * activations (opt.int8_act) and W is int8 / int4, else the float kernels above. */
+ * activations (opt.int8_act) and W is int8 / int4, else the float SIMD paths (ple_float_simd.h). */
 static void mv(ple_model *m, float *out, const qmat *w) {
     if (m->opt.int8_act && (w->dtype == PLE_INT8 || w->dtype == PLE_INT4)) {
         if (!m->a_quant) ple_kact_quantize(&m->ka, m->ax, m->an);
@@ -574,11 +291,22 @@ static void mv(ple_model *m, float *out, const qmat *w) {
 
 /* ---- elementwise -------------------------------------------------------------------------------------- */
 
+/* out = x / sqrt(mean(x^2) + eps) * w, in float: no ESP32 has double precision in hardware. The squares go into four
+ * interleaved partial sums; every term is non-negative, so nothing cancels and the computed sum is within
+ * (n/4 + 3) * 2^-24 of the exact one, relatively (1.6e-6 for n = 96, 3.1e-5 for n = 2048), the norm within half
+ * that: below the float32 NumPy runtime's own rounding of the same mean at those sizes. */
 static void rms_norm(float *out, const float *x, const float *w, uint32_t n, float eps) {
-    double ss = 0;
-    for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float r = sqrtf((float)(ss / n) + eps);
-    for (uint32_t i = 0; i < n; i++) out[i] = x[i] / r * w[i];
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += x[i] * x[i];
+        s1 += x[i + 1] * x[i + 1];
+        s2 += x[i + 2] * x[i + 2];
+        s3 += x[i + 3] * x[i + 3];
+    }
+    for (; i < n; i++) s0 += x[i] * x[i];
+    float r = sqrtf(((s0 + s1) + (s2 + s3)) / (float)n + eps);
+    for (i = 0; i < n; i++) out[i] = x[i] / r * w[i];
 }
 
 static float silu(float x) { return x * 0.5f * (1.0f + tanhf(x * 0.5f)); }
@@ -588,11 +316,11 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-static void rope(float *x, uint32_t heads, uint32_t hd, uint32_t pos, float theta) {
+/* Rotate each head's pairs (i, i + half) by the angles of this position: rope_angles' cos and sin. */
+static void rope(float *x, uint32_t heads, uint32_t hd, const float *cs, const float *sn) {
     uint32_t half = hd / 2;
     for (uint32_t i = 0; i < half; i++) {
-        float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd), ang = (float)pos * inv;
-        float c = cosf(ang), s = sinf(ang);
+        float c = cs[i], s = sn[i];
         for (uint32_t h = 0; h < heads; h++) {
             float *v = x + h * hd, a = v[i], b = v[i + half];
             v[i] = a * c + -b * s;
@@ -866,7 +594,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
                                       dev->tiers[t].name, (unsigned long long)dev->tiers[t].capacity);
                 }
             int rc = ple_fail(err, "the model does not fit %s: weights + KV cache need %llu bytes of RAM, %llu available "
-                              "(%s); %s and %llu more bytes find no room (see plelab plan)", dev->name,
+                              "(%s); %s and %llu more bytes find no room (see plelab place)", dev->name,
                               (unsigned long long)need_ram, (unsigned long long)ram, tiers, first,
                               (unsigned long long)missing);
             free(its);
@@ -881,19 +609,20 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
         else if (!strcmp(it->name, "kv_cache")) m->kv_tier = it->tier;
         else {
-            m->dense_bytes[it->tier] += (double)it->per_token;
-            m->dense_reads[it->tier] += (double)it->reads;
+            m->dense_bytes[it->tier] += it->per_token;
+            m->dense_reads[it->tier] += it->reads;
         }
     }
     if (m->embed_t && (d->flags & PLE_TIE)) { /* the head is read whole every token */
-        m->dense_bytes[m->embed_tier] += (double)m->embed_t->section->nbytes;
+        m->dense_bytes[m->embed_tier] += m->embed_t->section->nbytes;
         m->dense_reads[m->embed_tier] += 1;
     }
     free(its);
     return 0;
 }
 
-static void tally(ple_model *m, int tier, double nbytes, double reads) {
+/* Count `reads` reads of `nbytes` bytes from tier (integers: the token path keeps no double). */
+static void tally(ple_model *m, int tier, uint64_t nbytes, uint64_t reads) {
     m->bytes[tier] += nbytes;
     m->reads[tier] += reads;
 }
@@ -925,6 +654,7 @@ const uint8_t *ple_read_record(ple_model *m, const ple_table *t, uint32_t row) {
 static uint64_t work_bytes(const ple_model *m) {
     const ple_desc *d = &m->d;
     uint64_t n = N_SCRATCH * up64(4 * (uint64_t)m->maxdim) + up64(4 * (uint64_t)d->vocab) +
+                 up64(6 * (uint64_t)d->head_dim) + /* rope: inverse frequencies, this position's cos and sin */
                  (m->opt.int8_act ? up64(ple_kact_bytes(m->maxdim)) : 0) +
                  (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
     if (m->opt.head_skip) /* the head's mean row, block keys, row order */
@@ -1024,7 +754,7 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     m->weight_bytes = weights;
     uint64_t kv_vectors = (uint64_t)d->layers * d->kv_heads * d->max_seq, kv_values = kv_vectors * d->head_dim;
     m->kv_bytes = opt->int8_kv ? 2 * (kv_values + 4 * kv_vectors) : 2 * kv_values * 4;
-    m->kv_pos_bytes = 2.0 * d->layers * d->kv_heads * (opt->int8_kv ? d->head_dim + 4.0 : 4.0 * d->head_dim);
+    m->kv_pos_bytes = 2ull * d->layers * d->kv_heads * (opt->int8_kv ? d->head_dim + 4ull : 4ull * d->head_dim);
     m->kv_arena = opt->int8_kv ? 2 * (up64(kv_values) + up64(4 * kv_vectors)) : up64(m->kv_bytes);
     uint32_t dims[] = {d->hidden, d->heads * d->head_dim, d->inter, d->rank, d->n_ple_layers * d->ple_dim,
                        d->max_seq, d->experts, 2};
@@ -1106,6 +836,17 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     }
     m->logits = (float *)(void *)p;
     p += up64(4 * (uint64_t)d->vocab);
+    m->rope_inv = (float *)(void *)p;
+    m->rope_cos = m->rope_inv + d->head_dim / 2;
+    m->rope_sin = m->rope_cos + d->head_dim / 2;
+    p += up64(6 * (uint64_t)d->head_dim);
+    for (uint32_t i = 0; i < d->head_dim / 2; i++)
+        m->rope_inv[i] = 1.0f / powf(d->theta, (float)(2 * i) / (float)d->head_dim);
+    m->att_scale = (float)pow((double)d->head_dim, -0.5);
+    m->embed_scale = (float)sqrt((double)d->hidden);
+    m->ple_ident = (float)sqrt((double)d->ple_dim);
+    m->ctx_scale = (float)pow((double)d->hidden, -0.5);
+    m->fuse = (float)pow(2.0, -0.5);
     if (opt->int8_act) {
         ple_kact_init(&m->ka, p, m->maxdim);
         p += up64(ple_kact_bytes(m->maxdim));
@@ -1157,8 +898,8 @@ static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t p
     mv(m, m->q, &l->q);
     mv(m, m->k, &l->k);
     mv(m, m->v, &l->v);
-    rope(m->q, d->heads, hd, pos, d->theta);
-    rope(m->k, kvh, hd, pos, d->theta);
+    rope(m->q, d->heads, hd, m->rope_cos, m->rope_sin);
+    rope(m->k, kvh, hd, m->rope_cos, m->rope_sin);
     uint64_t vbase = (uint64_t)layer * kvh * d->max_seq; /* head vectors before this layer's */
     int q8 = m->opt.int8_kv;
     for (uint32_t h = 0; h < kvh; h++) {
@@ -1171,7 +912,7 @@ static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t p
             memcpy(m->vcache + at * hd, m->v + h * hd, 4 * hd);
         }
     }
-    const float scale = (float)pow((double)hd, -0.5);
+    const float scale = m->att_scale;
     for (uint32_t h = 0; h < d->heads; h++) {
         uint64_t v0 = vbase + (uint64_t)(h / rep) * d->max_seq; /* this head's kv head, position 0 */
         const float *q = m->q + h * hd;
@@ -1282,7 +1023,7 @@ static void moe(ple_model *m, const layer_w *l) {
             for (uint32_t i = 0; i < H; i++) m->acc[i] += w * m->h3[i];
             for (int j = 0; j < 3; j++) {
                 const ple_tensor *t = &d->tensors[w3[j].tensor];
-                tally(m, m->tensor_tier[w3[j].tensor], (double)(t->codes_bytes + t->scales_bytes), 1);
+                tally(m, m->tensor_tier[w3[j].tensor], t->codes_bytes + t->scales_bytes, 1);
             }
         }
     if (d->flags & PLE_SHARED_EXPERT) {
@@ -1367,17 +1108,15 @@ static int inputs(ple_model *m, uint32_t token) {
         deq_row(&part, 0, m->x);
     }
     if (d->flags & PLE_EMBED_SCALE) {
-        float s = (float)sqrt((double)d->hidden);
-        for (uint32_t i = 0; i < d->hidden; i++) m->x[i] *= s;
+        for (uint32_t i = 0; i < d->hidden; i++) m->x[i] *= m->embed_scale;
     }
     if (!m->ple_t) return 0;
     uint32_t P = d->ple_dim, n = d->n_ple_layers * P;
-    float ident = (float)sqrt((double)P);
-    for (uint32_t j = 0; j < n; j++) m->pin[j] = m->raw[j] * ident;
+    for (uint32_t j = 0; j < n; j++) m->pin[j] = m->raw[j] * m->ple_ident;
     if (!(d->flags & PLE_CONTEXT)) return 0;
     act(m, m->x, d->hidden);
     mv(m, m->ctx, &m->ctx_proj);
-    float hs = (float)pow((double)d->hidden, -0.5), fuse = (float)pow(2.0, -0.5);
+    float hs = m->ctx_scale, fuse = m->fuse;
     deq_row(&m->ctx_norm, 0, m->wv);
     for (uint32_t j = 0; j < n; j++) m->ctx[j] *= hs;
     for (uint32_t s = 0; s < d->n_ple_layers; s++) rms_norm(m->ctx + s * P, m->ctx + s * P, m->wv, P, d->eps);
@@ -1392,8 +1131,13 @@ static int body(ple_model *m, uint32_t token, uint32_t pos) {
     if (token >= d->vocab || pos >= d->max_seq) return -1;
     m->tokens++;
     for (int t = 0; t < m->n_tiers; t++) tally(m, t, m->dense_bytes[t], m->dense_reads[t]);
-    tally(m, m->kv_tier, m->kv_pos_bytes * (pos + 1.0), 2.0 * d->layers);
+    tally(m, m->kv_tier, m->kv_pos_bytes * (pos + 1), 2ull * d->layers);
     if (inputs(m, token)) return -1;
+    for (uint32_t i = 0; i < d->head_dim / 2; i++) { /* this position's rotation, shared by every layer */
+        float ang = (float)pos * m->rope_inv[i];
+        m->rope_cos[i] = cosf(ang);
+        m->rope_sin[i] = sinf(ang);
+    }
     for (uint32_t i = 0; i < d->layers; i++) {
         const layer_w *l = &m->L[i];
         deq_row(&l->in_norm, 0, m->wv);
@@ -1425,7 +1169,7 @@ const float *ple_forward(ple_model *m, uint32_t token, uint32_t pos) {
  * the best logit found so far cannot hold the maximum, and neither can any block after it. The computed logits
  * are exact integer sums with a few float roundings: the stored key adds a margin for those (HEAD_EPS), so the
  * id returned is the full head's argmax (first maximum), never an approximation. Needs int8 activations: the
- * float kernels' rounding (biased int4 codes, vector lanes) has no such simple bound. */
+ * float paths' rounding (biased int4 codes, vector lanes) has no such simple bound. */
 /* The relative margin: covers the float roundings of a logit (one per group, the scale products) and of the bound
  * (a sum over cols, a square root, a product), with room to spare. */
 static float head_eps(const qmat *w) { return (float)(w->cols / w->group + w->cols + 32) * (1.0f / 8388608.0f); }
@@ -1570,8 +1314,8 @@ int ple_model_tier_use(const ple_model *m, ple_tier_use *out, int max) {
 int ple_model_traffic(const ple_model *m, ple_traffic *out, int max, uint64_t *tokens) {
     for (int i = 0; i < m->n_tiers && i < max; i++) {
         snprintf(out[i].tier, sizeof out[i].tier, "%s", m->tiers[i].name);
-        out[i].bytes = m->bytes[i];
-        out[i].reads = m->reads[i];
+        out[i].bytes = (double)m->bytes[i];
+        out[i].reads = (double)m->reads[i];
     }
     *tokens = m->tokens;
     return m->n_tiers;

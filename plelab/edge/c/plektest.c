@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "ple_kcheck.h"
-#include "ple_kernels.h"
+#include "ple_int_kernels.h"
 
 int main(int argc, char **argv) {
     unsigned long cases = 2000, seed = 1;

@@ -6,7 +6,7 @@
  *
  * --steps is the number of positions run, prompt included (llama2.c's -n): positions 0..N-1 are fed, and the
  * token sampled after each position from the end of the prompt on is emitted, so `tokens` holds N + 1 ids.
- * --act int8: products with int8 / int4 weights quantise their input to int8 (ple_kernels.h); fp32 (the default)
+ * --act int8: products with int8 / int4 weights quantise their input to int8 (ple_int_kernels.h); fp32 (the default)
  * is the reference path. --kv int8: the KV cache keeps int8 codes and one scale per head vector. --head-skip
  * (greedy, with --act int8): only the head rows that can still win are computed; the same ids.
  * Errors: one line on stderr, exit 2.
@@ -23,7 +23,7 @@
 #endif
 
 #include "ple.h"
-#include "ple_kernels.h"
+#include "ple_int_kernels.h"
 
 static void die(const char *fmt, ...) {
     va_list ap;

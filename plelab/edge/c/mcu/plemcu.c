@@ -1,4 +1,4 @@
-/* plemcu: the plelab C runtime on a bare-metal Cortex-M board, the .ple file linked into its flash.
+/* plemcu: the plelab C runtime on a bare-metal board (Cortex-M or RISC-V), the .ple file linked into its flash.
  *
  *   plemcu run --ids 1,2,3 --steps N [--verify 0|1|2] [--act fp32|int8] [--kv fp32|int8] [--head-skip]
  *                                                        greedy decode, one JSON line: tokens, timer ticks per
@@ -10,8 +10,8 @@
  *                                                        (ple_kcheck.h), bit for bit; one JSON line
  *   plemcu fault --kind bus|stack                        a deliberate fault: its message, exit status 3
  *
- * Arguments come from the semihosting command line (qemu-system-arm -semihosting-config arg=...). The model
- * is placed as plelab plan places it on the esp32-s3 profile: its SRAM tier in what the 512 KiB SRAM region
+ * Arguments come from the semihosting command line (qemu-system-* -semihosting-config arg=...). The model
+ * is placed as plelab place places it on the esp32-s3 profile: its SRAM tier in what the 512 KiB SRAM region
  * leaves after stack, data and heap, its PSRAM tier in the PSRAM region; an error is one line on stderr and
  * exit status 2, a fault one line and status 3 (startup.c). */
 #include <inttypes.h>
@@ -23,17 +23,22 @@
 
 #include "board.h"
 #include "ple.h"
-#include "ple_kernels.h"
+#include "ple_int_kernels.h"
 #include "ple_kcheck.h"
-#include "ple_kernels.h"
 #include "ple_mutate.h"
 #include "ple_storage_flash.h"
 
 #ifndef PLE_MCU_BOARD
 #define PLE_MCU_BOARD "unknown"
 #endif
-#define MAX_ARGS 16
-#define MAX_STEPS 1024
+#ifndef PLE_MCU_CMDLINE_BYTES
+#define PLE_MCU_CMDLINE_BYTES 8192 /* the semihosting command line, terminating zero included (plelab/edge/mcu.py) */
+#endif
+#ifndef PLE_MCU_MAX_STEPS
+#define PLE_MCU_MAX_STEPS 1024
+#endif
+#define MAX_ARGS 32
+#define MAX_STEPS PLE_MCU_MAX_STEPS
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...) {
@@ -81,6 +86,13 @@ static long arg_long(int argc, char **argv, const char *name, long fallback) {
     return x;
 }
 
+/* A count that must be at least 1 (cases, loops, steps): a zero or negative one is refused, not run as none. */
+static long arg_count(int argc, char **argv, const char *name, long fallback) {
+    long x = arg_long(argc, argv, name, fallback);
+    if (x < 1) die("%s must be at least 1, got %ld", name, x);
+    return x;
+}
+
 /* One region per device tier: the board's SRAM arena for a tier named sram, its PSRAM region for psram. */
 static void board_regions(const ple_device *dev, ple_region *reg, board_region psram) {
     board_region sram = board_sram_arena();
@@ -90,6 +102,20 @@ static void board_regions(const ple_device *dev, ple_region *reg, board_region p
         else if (!strcmp(dev->tiers[t].name, "psram")) reg[t] = (ple_region){psram.base, psram.bytes};
         else if (!dev->tiers[t].storage) die("device %s: this board has no memory for tier %s", dev->name, dev->tiers[t].name);
     }
+}
+
+/* Calls of the compiler's double-precision and 64-bit division helpers and of libm's double functions (board.h). */
+typedef struct { uint32_t soft_double, div64, double_math; } helper_calls;
+
+static helper_calls helper_calls_now(void) {
+    return (helper_calls){board_soft_double_calls, board_div64_calls, board_double_math_calls};
+}
+
+/* `"name": {...}, ` with the calls made between two snapshots. */
+static void print_helper_calls(const char *name, helper_calls a, helper_calls b) {
+    printf("\"%s\": {\"soft_double\": %lu, \"div64\": %lu, \"double_math\": %lu}, ", name,
+           (unsigned long)(b.soft_double - a.soft_double), (unsigned long)(b.div64 - a.div64),
+           (unsigned long)(b.double_math - a.double_math));
 }
 
 static void print_tiers(const ple_model *m) {
@@ -124,7 +150,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
 
     static uint32_t tokens[MAX_STEPS + 1];
     static uint64_t ticks[MAX_STEPS];
-    long n_prompt = 0, steps = arg_long(argc, argv, "--steps", 8);
+    long n_prompt = 0, steps = arg_count(argc, argv, "--steps", 8);
     for (char *p = (char *)arg_value(argc, argv, "--ids", "1"); *p;) {
         char *end;
         long v = strtol(p, &end, 10);
@@ -138,6 +164,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
         die("--steps %ld must cover the %ld-token prompt and stay within %" PRIu32 " positions", steps, n_prompt,
             d->max_seq);
     uint64_t reads0 = fl.reads, bytes0 = fl.bytes;
+    helper_calls open_calls = helper_calls_now(), calls;
     for (long pos = 0; pos < steps; pos++) {
         uint64_t t0 = board_timer_ticks();
         int64_t best = ple_forward_greedy(m, tokens[pos], (uint32_t)pos); /* the first maximum, as plerun */
@@ -145,6 +172,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
         if (pos + 1 >= n_prompt) tokens[pos + 1] = (uint32_t)best;
         ticks[pos] = board_timer_ticks() - t0;
     }
+    calls = helper_calls_now();
     ple_traffic tr[PLE_MAX_TIERS];
     uint64_t counted;
     int nt = ple_model_traffic(m, tr, PLE_MAX_TIERS, &counted);
@@ -165,6 +193,8 @@ static int run(int argc, char **argv, const ple_device *dev) {
            (unsigned long long)reads0, (unsigned long long)bytes0, (unsigned long long)(fl.reads - reads0),
            (unsigned long long)(fl.bytes - bytes0), (unsigned long long)fl.refused, (unsigned long long)st.size,
            (unsigned long long)fl.partition);
+    print_helper_calls("helper_calls_open", (helper_calls){0, 0, 0}, open_calls);
+    print_helper_calls("helper_calls", open_calls, calls);
     print_tiers(m);
     printf(", \"sram_region\": {\"bytes\": %lu, \"stack_data_heap\": %lu, \"heap_used\": %lu, \"stack\": %lu, "
            "\"stack_used\": %lu}, \"arena_bytes\": %llu, "
@@ -182,7 +212,7 @@ static int run(int argc, char **argv, const ple_device *dev) {
 }
 
 static int fuzz(int argc, char **argv, const ple_device *dev) {
-    long cases = arg_long(argc, argv, "--cases", 200), seed = arg_long(argc, argv, "--seed", 1);
+    long cases = arg_count(argc, argv, "--cases", 200), seed = arg_long(argc, argv, "--seed", 1);
     size_t n;
     const uint8_t *flash = board_model(&n);
     ple_storage st;
@@ -238,11 +268,10 @@ static int fuzz(int argc, char **argv, const ple_device *dev) {
 /* A loop of exactly 2 * n instructions (subs, taken bne) between two timer reads: the harness's check that the
  * timer counts instructions (qemu -icount shift=0) at the clock the build says. */
 static int calibrate(int argc, char **argv) {
-    uint32_t n = (uint32_t)arg_long(argc, argv, "--loops", 1000000);
-    if (n == 0) die("--loops must be positive");
+    uint32_t n = (uint32_t)arg_count(argc, argv, "--loops", 1000000);
     board_timer_start();
     uint64_t t0 = board_timer_ticks();
-    __asm__ volatile("1: subs %0, %0, #1\n bne 1b" : "+r"(n) : : "cc");
+    board_count_loop(n);
     uint64_t t1 = board_timer_ticks();
     printf("{\"mode\": \"calibrate\", \"board\": \"%s\", \"loop_instructions\": %llu, \"ticks\": %llu, "
            "\"timer_hz\": %" PRIu32 "}\n", PLE_MCU_BOARD, 2ull * (unsigned long long)arg_long(argc, argv, "--loops", 1000000),
@@ -257,8 +286,8 @@ static int kernels(int argc, char **argv) {
     uint8_t *mem = psram.base + (16 - (uintptr_t)psram.base % 16) % 16;
     ple_kcheck_result r;
     board_timer_start();
-    ple_kcheck((uint32_t)arg_long(argc, argv, "--seed", 1), (uint32_t)arg_long(argc, argv, "--cases", 2000), NULL, mem,
-               &r);
+    ple_kcheck((uint32_t)arg_long(argc, argv, "--seed", 1), (uint32_t)arg_count(argc, argv, "--cases", 2000), NULL,
+               mem, &r);
     printf("{\"mode\": \"kernels\", \"board\": \"%s\", \"kernel\": \"%s\", \"cases\": %" PRIu32
            ", \"mismatches\": %" PRIu32 ", \"first_bad\": %" PRIu32 ", \"digest\": \"%08" PRIx32 "\", \"ticks\": %llu}\n",
            PLE_MCU_BOARD, ple_kernel_name(), r.cases, r.mismatches, r.first_bad, r.digest,
@@ -285,9 +314,9 @@ static int fault(int argc, char **argv) {
 }
 
 int main(void) {
-    static char line[512];
+    static char line[PLE_MCU_CMDLINE_BYTES];
     char *argv[MAX_ARGS];
-    if (board_cmdline(line, sizeof line)) die("no command line (run under qemu-system-arm -semihosting-config)");
+    if (board_cmdline(line, sizeof line)) die("no command line (run under QEMU with -semihosting-config)");
     int argc = split_args(line, argv);
     int first = argc && strncmp(argv[0], "--", 2) && strcmp(argv[0], "run") && strcmp(argv[0], "fuzz") &&
                 strcmp(argv[0], "calibrate") && strcmp(argv[0], "fault") &&

@@ -15,7 +15,7 @@
  * kernel the target cannot run is a compile error. ple_kernel_name() says which one was built.
  *
  * Where another SIMD slots in (an ESP32-S3 PIE kernel, say): an implementation is three functions in
- * ple_kernels.c: kact_layout (re-lay the int8 codes for its loads, once per activation and weight dtype), kseg_i4
+ * ple_int_kernels.c: kact_layout (re-lay the int8 codes for its loads, once per activation and weight dtype), kseg_i4
  * and kseg_i8 (the exact int32 sum of one aligned run inside a group segment), plus its ALIGN_I4 / ALIGN_I8.
  * Add a block beside the DSP and Helium ones under a new PLE_KERNEL_ value; the driver (rows, groups, unaligned
  * heads and tails, scales, the float multiply-add per group) stays shared, so every kernel must equal the
@@ -40,6 +40,8 @@
 #define PLE_IKERNEL PLE_KERNEL_HELIUM
 #elif defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
 #define PLE_IKERNEL PLE_KERNEL_DSP
+#elif defined(__riscv) && defined(__riscv_mul) && __riscv_xlen == 32
+#define PLE_IKERNEL PLE_KERNEL_RV32
 #elif defined(__GNUC__)
 #define PLE_IKERNEL PLE_KERNEL_VECTOR
 #else
@@ -51,8 +53,11 @@
 #if PLE_IKERNEL == PLE_KERNEL_HELIUM && !(defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1))
 #error "PLE_KERNEL_HELIUM needs a target with Helium (e.g. -mcpu=cortex-m55)"
 #endif
-#if PLE_IKERNEL < PLE_KERNEL_PORTABLE || PLE_IKERNEL > PLE_KERNEL_HELIUM
-#error "PLE_KERNEL must be one of PLE_KERNEL_PORTABLE, _VECTOR, _DSP, _HELIUM (ple.h)"
+#if PLE_IKERNEL == PLE_KERNEL_RV32 && !(defined(__riscv) && defined(__riscv_mul) && __riscv_xlen == 32)
+#error "PLE_KERNEL_RV32 needs a 32-bit RISC-V target with the M extension (e.g. -march=rv32imac)"
+#endif
+#if PLE_IKERNEL < PLE_KERNEL_PORTABLE || PLE_IKERNEL > PLE_KERNEL_RV32
+#error "PLE_KERNEL must be one of PLE_KERNEL_PORTABLE, _VECTOR, _DSP, _HELIUM, _RV32 (ple.h)"
 #endif
 
 /* Longest run one int32 accumulator takes: |code| <= 127 times |weight| <= 127 (x16 in the DSP int4 unpacking)
@@ -69,16 +74,103 @@ static inline float ple_f16(const uint8_t *p) {
     memcpy(&h, p, 2);
     return (float)h;
 #else
-    uint32_t h = p[0] | (uint32_t)p[1] << 8, s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
-    if (e == 0) {
-        float f = (float)mant * (1.0f / 16777216.0f); /* subnormal: mant * 2^-24, exact */
-        return s ? -f : f;
-    }
-    u = e == 31 ? s | 0x7f800000u | mant << 13 : s | (e + 112) << 23 | mant << 13;
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, em = h & 0x7fffu, u; /* em: exponent and mantissa */
     float f;
+    if (em - 0x0400u < 0x7800u) { /* normal (exponent 1..30, the common case first): rebias the exponent by 112 */
+        u = (em << 13) + 0x38000000u;
+    } else if (em < 0x0400u) { /* zero or subnormal: em * 2^-24, exact */
+        f = (float)em * (1.0f / 16777216.0f);
+        memcpy(&u, &f, 4);
+    } else { /* infinity or NaN */
+        u = 0x7f800000u | (em & 0x3ffu) << 13;
+    }
+    u |= (h & 0x8000u) << 16;
     memcpy(&f, &u, 4);
     return f;
 #endif
+}
+
+/* Cores without a float unit (RISC-V without F: the ESP32-C6 class; Arm soft-float): the two float operations every
+ * integer product ends in, (float)isum * fp16 scale and then * the activation's scale, done in integers and rounded
+ * exactly as IEEE single precision rounds them (to nearest, ties to even), so every build gives the same bits.
+ * libgcc's generic __mulsf3 takes about 100 instructions a call and __floatsisf 40, and the head makes two and one a
+ * row; these take about 35 and 30 for the numbers the products meet, and hand anything else (zeros, subnormals,
+ * infinities, NaN, sums of 2^17 or more) to the compiler's own. PLE_SCALED / PLE_FMUL are plain float arithmetic
+ * elsewhere, so builds with an FPU keep their fused multiply-adds. */
+#if (defined(__riscv) && !defined(__riscv_flen)) || defined(__SOFTFP__)
+#define PLE_SOFT_FLOAT 1
+static inline uint32_t ple_fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float ple_bitsf(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The position of x's highest set bit (x > 0). */
+static inline int ple_log2(uint32_t x) {
+    int n = 0;
+    if (x >> 16) x >>= 16, n = 16;
+    if (x >> 8) x >>= 8, n += 8;
+    if (x >> 4) x >>= 4, n += 4;
+    if (x >> 2) x >>= 2, n += 2;
+    return n + (int)(x >> 1);
+}
+
+/* m >> sh rounded to nearest, ties to even (1 <= sh < 32). */
+static inline uint32_t ple_round_shift(uint32_t m, unsigned sh) {
+    uint32_t q = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+    return q + (rem > half || (rem == half && (q & 1)));
+}
+
+/* (float)isum * (the fp16 at p), for |isum| < 2^17 and a normal scale: the exact product (under 2^28) rounded once. */
+static inline float ple_scaled(int32_t isum, const uint8_t *p) {
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, e = (h >> 10) & 31, av = isum < 0 ? 0u - (uint32_t)isum : (uint32_t)isum;
+    if (e == 0 || e == 31 || av == 0 || av >= (1u << 17)) return (float)isum * ple_f16(p);
+    uint32_t prod = av * ((h & 0x3ffu) | 0x400u), mant; /* the value is prod * 2^(e - 25) */
+    int top = ple_log2(prod), exp = top + (int)e - 25 + 127;  /* always a normal float: 113 <= exp <= 160 */
+    if (top > 23) {
+        mant = ple_round_shift(prod, (unsigned)(top - 23));
+        if (mant >> 24) mant >>= 1, exp++;
+    } else {
+        mant = prod << (23 - top);
+    }
+    uint32_t sign = ((uint32_t)isum ^ h << 16) & 0x80000000u; /* the product's: either factor's */
+    return ple_bitsf(sign | (uint32_t)exp << 23 | (mant & 0x7fffffu));
+}
+
+/* a * b for normal a and b with a normal product; anything else the compiler's. */
+static inline float ple_fmul(float a, float b) {
+    uint32_t x = ple_fbits(a), y = ple_fbits(b), ex = (x >> 23) & 255, ey = (y >> 23) & 255;
+    if (ex - 1u >= 254u || ey - 1u >= 254u) return a * b;
+    uint64_t p = (uint64_t)((x & 0x7fffffu) | 0x800000u) * ((y & 0x7fffffu) | 0x800000u); /* in [2^46, 2^48) */
+    int exp = (int)(ex + ey) - 127;
+    uint32_t hi = (uint32_t)(p >> 23), lo = (uint32_t)p & 0x7fffffu, mant; /* hi: 24 or 25 bits */
+    if (hi >> 24) { /* p >= 2^47: one more bit to round away */
+        lo |= (hi & 1u) << 23, hi >>= 1, exp++;
+        mant = hi + ((lo > 0x800000u || (lo == 0x800000u && (hi & 1))) ? 1u : 0u);
+    } else {
+        mant = hi + ((lo > 0x400000u || (lo == 0x400000u && (hi & 1))) ? 1u : 0u);
+    }
+    if (mant >> 24) mant >>= 1, exp++;
+    if (exp <= 0 || exp >= 255) return a * b; /* overflow or underflow: the compiler's rounding, its infinities */
+    return ple_bitsf(((x ^ y) & 0x80000000u) | (uint32_t)exp << 23 | (mant & 0x7fffffu));
+}
+#define PLE_SCALED(isum, p) ple_scaled(isum, p)
+#define PLE_FMUL(a, b) ple_fmul(a, b)
+#else
+#define PLE_SCALED(isum, p) ((float)(isum) * ple_f16(p))
+#define PLE_FMUL(a, b) ((a) * (b))
+#endif
+
+/* The group of value e: e / group, in 32 bits whenever e fits them. A 64-bit division is a library call on a 32-bit
+ * core (__udivdi3: hundreds of instructions), and no model a microcontroller holds has offsets past 2^32. */
+static inline uint64_t ple_group_of(uint64_t e, uint32_t group) {
+    return e <= UINT32_MAX ? (uint32_t)e / group : e / group;
 }
 
 /* A quantised activation vector. Its memory (ple_kact_bytes(cap)) comes from the caller's arena. */

@@ -1,6 +1,7 @@
-/* Reset, fault handlers, semihosting and the newlib system calls of the bare-metal harness. No OS: reset
- * copies .data, zeroes .bss, turns the FPU (and on Armv8.1-M Helium) on and calls main; every fault prints one
- * line through semihosting and exits with status 3, so a test sees a message, never a hang. */
+/* The Cortex-M boards of the bare-metal harness: reset, fault handlers, semihosting's trap, the board timers and
+ * the newlib system calls. No OS: reset copies .data, zeroes .bss, turns the FPU (and on Armv8.1-M Helium) on and
+ * calls main; every fault prints one line through semihosting and exits with status 3, so a test sees a message,
+ * never a hang. What the boards share is board.c. */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -10,45 +11,19 @@
 
 extern uint32_t __stack_top[], __stack_limit[], __stack_guard[], __data_start[], __data_end[], __data_load[], __bss_start[],
     __bss_end[], __heap_start[], __heap_end[];
-extern uint8_t __sram_arena_start[], __sram_arena_end[], __psram_arena_start[], __psram_arena_end[];
-extern const uint8_t ple_partition_start[], ple_partition_end[];
 int main(void);
 
-/* ---- semihosting (ARM's "bkpt 0xab" convention; QEMU: -semihosting-config enable=on,target=native) ---- */
+/* ---- semihosting's trap: ARM's "bkpt 0xab" ------------------------------------------------------------- */
 
-static int semihost(int op, void *arg) {
-    register int r0 __asm__("r0") = op;
+long board_semihost(int op, void *arg) {
+    register long r0 __asm__("r0") = op;
     register void *r1 __asm__("r1") = arg;
     __asm__ volatile("bkpt 0xab" : "+r"(r0) : "r"(r1) : "memory");
     return r0;
 }
 
-enum { SYS_OPEN = 0x01, SYS_WRITE = 0x05, SYS_GET_CMDLINE = 0x15, SYS_EXIT = 0x18, SYS_EXIT_EXTENDED = 0x20 };
-
-static int handles[3] = {-1, -1, -1};
-
-void board_write(int fd, const char *buf, size_t n) {
-    fd = fd == 2 ? 2 : 1;
-    if (handles[fd] < 0) { /* ":tt" opened for writing is the host's stdout, for appending its stderr */
-        uint32_t args[3] = {(uint32_t)(uintptr_t)":tt", fd == 2 ? 8 /* "a" */ : 4 /* "w" */, 3};
-        handles[fd] = semihost(SYS_OPEN, args);
-    }
-    uint32_t args[3] = {(uint32_t)handles[fd], (uint32_t)(uintptr_t)buf, (uint32_t)n};
-    semihost(SYS_WRITE, args);
-}
-
-int board_cmdline(char *buf, size_t n) {
-    uint32_t args[2] = {(uint32_t)(uintptr_t)buf, (uint32_t)n};
-    return semihost(SYS_GET_CMDLINE, args) == 0 ? 0 : -1;
-}
-
-void board_exit(int status) {
-    uint32_t args[2] = {0x20026 /* ADP_Stopped_ApplicationExit */, (uint32_t)status};
-    semihost(SYS_EXIT_EXTENDED, args);
-    semihost(SYS_EXIT, (void *)(uintptr_t)(status ? 0x20024 /* ADP_Stopped_RunTimeErrorUnknown */ : 0x20026));
-    for (;;) {
-    }
-}
+/* A loop of exactly 2 * n instructions (subs, taken bne): plemcu calibrate's yardstick for the timer. */
+void board_count_loop(uint32_t n) { __asm__ volatile("1: subs %0, %0, #1\n bne 1b" : "+r"(n) : : "cc"); }
 
 /* ---- timer --------------------------------------------------------------------------------------------------
  * PLE_MCU_TIMER_CMSDK: the board's CMSDK APB timer 0 (CTRL, VALUE, RELOAD at +0, +4, +8), a 32-bit down counter
@@ -102,34 +77,6 @@ uint64_t board_timer_ticks(void) { return counter() - origin; }
 
 uint32_t board_timer_hz(void) { return (uint32_t)(PLE_MCU_TIMER_HZ); }
 
-/* ---- stack use: the painted words main's calls overwrote ----------------------------------------------- */
-
-#define STACK_PAINT 0x5ca1ab1eu
-
-size_t board_stack_used(void) {
-    const uint32_t *p = __stack_limit;
-    while (p < __stack_top && *p == STACK_PAINT) p++;
-    return (size_t)((const uint8_t *)__stack_top - (const uint8_t *)p);
-}
-
-size_t board_stack_bytes(void) { return (size_t)((uint8_t *)__stack_top - (uint8_t *)__stack_limit); }
-
-/* ---- regions ------------------------------------------------------------------------------------------- */
-
-board_region board_sram_arena(void) {
-    return (board_region){__sram_arena_start, (size_t)(__sram_arena_end - __sram_arena_start)};
-}
-board_region board_psram_arena(void) {
-    return (board_region){__psram_arena_start, (size_t)(__psram_arena_end - __psram_arena_start)};
-}
-board_region board_sram_total(void) {
-    return (board_region){(uint8_t *)__stack_guard, (size_t)(__sram_arena_end - (uint8_t *)__stack_guard)};
-}
-const uint8_t *board_model(size_t *bytes) {
-    *bytes = (size_t)(ple_partition_end - ple_partition_start);
-    return ple_partition_start;
-}
-
 /* ---- newlib system calls: stdout / stderr through semihosting, a fixed heap ------------------------------ */
 
 int _write(int fd, const char *buf, int n) {
@@ -175,11 +122,7 @@ __attribute__((used, noinline)) void fault_report(int which); /* called from the
 void fault_report(int which) {
     static const char *const what[] = {"HardFault", "MemManage", "BusFault",
                                        "UsageFault (or a stack overflow past MSPLIM)", "unexpected exception"};
-    static const char prefix[] = "plemcu: fault: ";
-    board_write(2, prefix, sizeof prefix - 1);
-    board_write(2, what[which], strlen(what[which]));
-    board_write(2, "\n", 1);
-    board_exit(3);
+    board_fault(what[which]);
 }
 
 #if defined(__ARM_ARCH_8M_MAIN__) || defined(__ARM_ARCH_8_1M_MAIN__)
@@ -203,8 +146,7 @@ void reset_handler(void) {
     __asm__ volatile("msr msplim, %0" : : "r"(__stack_limit)); /* a stack overflow is a UsageFault */
 #endif
     /* paint the stack below reset's own frame, so board_stack_used() can tell how deep main went */
-    uint32_t *paint_end = (uint32_t *)((uintptr_t)__stack_top - 512);
-    for (uint32_t *p = __stack_limit; p < paint_end; p++) *p = STACK_PAINT;
+    board_paint_stack((const void *)((uintptr_t)__stack_top - 512));
 #if !defined(__ARM_ARCH_8M_MAIN__) && !defined(__ARM_ARCH_8_1M_MAIN__)
     /* Armv7-M has no stack limit register, and without a guard a deliberate overflow on QEMU's mps2-an500 ran
      * on below the RAM over code and data. MPU region 0 makes the 256-byte guard no-access (the default map

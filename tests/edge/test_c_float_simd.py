@@ -1,4 +1,4 @@
-"""The C runtime's matrix-vector kernels against NumPy, in the build plelab uses and in the portable C one."""
+"""The C runtime's float SIMD paths (ple_float_simd.h) against NumPy, in the build plelab uses and in plain C."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The microcontroller kernels (plelab/edge/c/ple_kernels.h) on the host: int8 activations, int8 KV, greedy head skip.
+"""The integer kernels (plelab/edge/c/ple_int_kernels.h) on the host: int8 activations, int8 KV, greedy head skip.
 
 Kernel level: plektest runs the built integer kernel against a scalar reference in the same binary (bit for bit)
 on odd sizes, and every case is recomputed here in NumPy. Model level: the C engine's int8 paths against the NumPy
@@ -267,7 +267,7 @@ def test_each_boards_kernels_equal_the_scalar_reference_under_qemu(board, export
     results on both boards (the digest covers every dot product's bits and every activation code)."""
     model = export_tmp(lively_model(), quant="int4", group=32)  # the image needs a partition; not read here
     digests = set()
-    for kernel in mcu.BOARDS[board].kernels:
+    for kernel in mcu.BOARDS[board].int_kernels:
         image = mcu.build_image(board, model, kernel)
         r = mcu.run_image(board, image, ["kernels", "--cases", "1500", "--seed", "5"], timeout=300).result
         assert r["kernel"] == kernel and r["cases"] > 1500 and r["mismatches"] == 0, r
