@@ -171,11 +171,9 @@ def run_tokenizer(args: argparse.Namespace) -> int:
         raise DataError("no inputs to train on")
     sources = [] if args.byte else resolve_sources(list(args.inputs), _options(args))
     out = Path(args.out) / "tokenizer.json" if Path(args.out).is_dir() else Path(args.out)
-    # Checked before training (minutes): never a corpus file, never an existing file without --overwrite.
-    check_output_path(out, overwrite=args.overwrite, inputs=tuple(s.path for s in sources))
-    for folder in (Path(i) for i in args.inputs):  # a .json there would be read as corpus text next time
-        if folder.is_dir() and folder.resolve() in out.resolve().parents:
-            raise DataError(f"output {out} is inside the input folder {folder}; write the tokenizer elsewhere")
+    # Checked before training (minutes): never a corpus file, never inside a corpus folder (a .json there would be
+    # read as corpus text next time), never an existing file without --overwrite.
+    check_output_path(out, overwrite=args.overwrite, inputs=(*args.inputs, *(s.path for s in sources)))
     if args.byte:
         tok = Tokenizer.byte_level()
     else:

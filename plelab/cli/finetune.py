@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--data", metavar="DIR", help="prepared training data (tokenized with the checkpoint's tokenizer)")
     p.add_argument("--out", required=True, help="run directory (config, metrics.jsonl, checkpoints, adapter/)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace a different run already in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a different plelab run in --out (other "
+                   "files are kept; a folder holding a config.json that is not a run's is refused)")
     p.add_argument("--merge", metavar="OUT", help="after training (or alone, for a finished run): write the "
                    "checkpoint with the adapter (and table delta) merged in as a Hugging Face folder OUT")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -50,14 +51,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from plelab.hf.finetune.config import load_finetune_config
-    from plelab.runs.run_dir import CONFIG_FILE
+    from plelab.runs.run_dir import CONFIG_FILE, holds_run
     from plelab.util.fs import check_output_path
 
     out = Path(args.out)
     merge_only = args.merge and not (args.config or args.hf or args.data or args.resume or args.overrides)
     if args.resume and args.overwrite:
         raise PlelabError("--resume continues the run in --out and --overwrite replaces it: give one of them")
-    if (args.resume or merge_only) and not (out / CONFIG_FILE).is_file():
+    if (args.resume or merge_only) and not holds_run(out):
         what = "does not exist" if not out.exists() else "holds no plelab run"
         raise PlelabError(f"{'--merge' if merge_only else '--resume'}: {out} {what}; check --out")
     if args.merge:

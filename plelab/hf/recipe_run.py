@@ -213,9 +213,6 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
     if out.is_dir() and any(p for p in out.iterdir() if p.name != resume.name) and not overwrite:
         raise RecipeError(f"output {out} already holds a recipe; pass --overwrite to replace it "
                           "(an interrupted measurement resumes without it)")
-    for item in inputs:
-        if Path(item).is_dir() and Path(item).resolve() in (out.resolve(), *out.resolve().parents):
-            raise RecipeError(f"output {out} is inside the input folder {item}; write it elsewhere")
     device = device or torch.device("cpu")
     model = open_model(source, hf=hf, device=device)
     fmts, notes = default_formats(formats)

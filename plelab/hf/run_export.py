@@ -76,19 +76,14 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
 
 
 def _refuse_losing_data(run: Path, out: Path) -> None:
-    """Refuse an OUT whose replacement would delete the run (OUT holds it, or lies inside it and exists) or a
-    folder of other files (only a Hugging Face model folder, e.g. an earlier export, is ever replaced)."""
+    """Refuse an OUT whose replacement would delete the run (OUT holds it; OUT inside a run was refused by
+    check_output_path) or a folder of other files (only a Hugging Face model folder, e.g. an earlier export, is
+    ever replaced)."""
     from plelab.hf.checkpoint import is_hf_folder
 
-    source, target = resolve_path(run), resolve_path(out)
-    if source.is_relative_to(target):
+    if resolve_path(run).is_relative_to(resolve_path(out)):
         raise PlelabError(f"{run} lies inside the output folder {out}, which an export replaces; choose an OUT "
                           "outside it")
-    # The run folder of a checkpoint given directly (RUN/checkpoints/step_N).
-    run_dir = source.parent.parent if source.parent.name == "checkpoints" else source
-    if target.is_relative_to(run_dir) and out.exists():
-        raise PlelabError(f"output {out} lies inside the run {run_dir}: replacing it would delete part of the run; "
-                          "choose an OUT outside it")
     if out.is_dir() and any(out.iterdir()) and not is_hf_folder(out):
         raise PlelabError(f"output {out} is not empty and is not a Hugging Face model folder; refusing to replace "
                           "it (choose another OUT)")

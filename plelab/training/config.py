@@ -203,6 +203,10 @@ class TrainConfig:
         """Tokens consumed per optimizer step."""
         return self.batch_size * self.grad_accum * self.context
 
+    def input_paths(self) -> tuple[str, ...]:
+        """The files and folders this run reads (never its output folder); a plug-in adds its own."""
+        return tuple(p for p in (self.data, self.eval_data, self.tokenizer, self.init_from_hf) if p)
+
     def param_counts(self) -> dict[str, int]:
         """plelab.model.params.count_params of the model this config trains (a plug-in counts its own)."""
         from plelab.model.params import count_params

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,24 +110,45 @@ def resolve_path(path: str | Path) -> Path:
 
 
 def check_output_path(
-    path: str | Path, *, overwrite: bool = False, inputs: tuple[str | Path, ...] = (), is_dir: bool = False
+    path: str | Path, *, overwrite: bool = False, inputs: tuple[str | Path, ...] = (), is_dir: bool = False,
+    run: bool = False,
 ) -> Path:
-    """Refuse (PlelabError, one line) an output path that would lose data or cannot be written; return it.
+    """Refuse (PlelabError, one line, naming the path) an output path that would lose data or cannot be written.
 
-    Refused: a dangling symlink, a directory where a file goes (or the reverse), a path equal to one of the
-    command's `inputs` (never, even with overwrite), an existing file or non-empty folder unless `overwrite`,
-    and a parent folder that is missing-and-uncreatable or not writable.
+    Refused whatever `overwrite` says: a dangling symlink; a directory where a file goes (or the reverse; a file
+    path spelled with a trailing slash); one of the command's `inputs`, or a path inside an input folder; anything
+    that is not a regular file or folder (a device, a FIFO, a socket: a rename would put a plain file in its
+    place); a path inside a training run's folder (its checkpoints are pruned, its files are the run's own), or
+    a run's folder itself unless `run` (the trainer's own output). Refused unless `overwrite`: an existing file
+    or non-empty folder. Also a parent folder that is missing-and-uncreatable or not writable.
     """
     from plelab.errors import PlelabError
 
+    if not is_dir and isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise PlelabError(f"output {path} ends in '/', so it names a folder; give a file path")
     path = Path(path)
     if path.is_symlink() and not path.exists():
         raise PlelabError(f"output {path} is a dangling symbolic link")
     resolved = resolve_path(path)
+    landing = resolve_path(Path(os.path.abspath(path)).parent) / path.name  # the entry a rename would replace
+    inputs = tuple(item for item in inputs if item is not None and str(item) != "")
     for item in inputs:
-        if item is not None and _same_file(Path(item), path, resolved):
-            raise PlelabError(f"output {path} is also an input of this command; choose another output path")
+        if _same_file(Path(item), path, resolved):
+            raise PlelabError(f"output {path} is also an input of this command ({item}); choose another output path")
+    for item in inputs:
+        folder = resolve_path(item)
+        if folder.is_dir() and (resolved.is_relative_to(folder) or landing.is_relative_to(folder)):
+            raise PlelabError(f"output {path} is inside the input folder {item}; write it elsewhere")
+    run_dir = run_folder_of(path, itself=is_dir and not run)
+    if run_dir is not None:
+        where = "is the folder of" if resolve_path(run_dir) == resolved else "lies inside"
+        raise PlelabError(f"output {path} {where} the training run {run_dir}, whose files are the run's own "
+                          "(checkpoints are pruned, config.json is read on resume); write it outside the run")
     if path.exists():
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise PlelabError(f"output {path} is {_file_kind(mode)}, not a regular file; plelab replaces only "
+                              "regular files, so choose a file path")
         if is_dir and not path.is_dir():
             raise PlelabError(f"output {path} exists and is not a folder")
         if not is_dir and path.is_dir():
@@ -141,6 +163,33 @@ def check_output_path(
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise PlelabError(f"cannot write {path}: {parent} is not a writable folder")
     return path
+
+
+def run_folder_of(path: str | Path, *, itself: bool = False) -> Path | None:
+    """The training run folder that `path` lies inside (spelled as given or through its links), or None;
+    `itself`: `path` being a run folder counts too."""
+    absolute = Path(os.path.abspath(path))
+    candidates = [*absolute.parents, *resolve_path(path).parents]
+    if itself:
+        candidates = [absolute, *candidates]
+    for folder in dict.fromkeys(candidates):
+        if is_run_folder(folder):
+            return folder
+    return None
+
+
+def is_run_folder(folder: str | Path) -> bool:
+    """Whether `folder` is a training run's: config.json beside metrics.jsonl or checkpoints/ (the names
+    plelab.runs.run_dir gives them; a model folder's config.json stands alone)."""
+    folder = Path(folder)
+    return (folder / "config.json").is_file() and ((folder / "metrics.jsonl").is_file()
+                                                   or (folder / "checkpoints").is_dir())
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO (named pipe)",
+             stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
 
 
 def _same_file(item: Path, path: Path, resolved: Path) -> bool:

@@ -81,3 +81,42 @@ def test_merge_refusals(args, tmp_path, capsys):
     err = refused(["finetune", "--out", str(tmp_path / "nothing"), "--merge", str(tmp_path / "m")], capsys,
                   tmp_path / "m")
     assert "does not exist" in err
+
+
+def test_the_checkpoint_fine_tuned_is_never_the_run_folder(make_gemma, finetune_data, tmp_path, capsys,
+                                                            monkeypatch):
+    hf = tmp_path / "hf"
+    shutil.copytree(make_gemma("gemma4"), hf)
+    (tmp_path / "hf-link").symlink_to(hf)
+    before = {p.name: p.read_bytes() for p in hf.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    data, valid = finetune_data
+    for out in ("hf", "hf/", str(hf), "hf-link", "./hf-link/"):
+        for extra in ((), ("--overwrite",)):
+            capsys.readouterr()
+            argv = finetune_argv(hf, data, valid, tmp_path / "unused", *extra)
+            argv[argv.index("--out") + 1] = out
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and "is also an input of this command" in err, err
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == before
+
+
+def test_train_never_replaces_a_model_folder(make_gemma, finetune_data, tmp_path, capsys, monkeypatch):
+    hf = tmp_path / "hf"
+    shutil.copytree(make_gemma("gemma4"), hf)
+    (tmp_path / "hf-link").symlink_to(hf)
+    before = {p.name: p.read_bytes() for p in hf.iterdir()}
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f'data = "{finetune_data[0]}"\nbatch_size = 2\nseq_len = 16\nmax_steps = 1\nwarmup_steps = 0\n'
+                   '[model]\npreset = "tiny"\nvocab_size = 320\nmax_seq_len = 32\n')
+    monkeypatch.chdir(tmp_path)
+    for out in ("hf", "hf/", str(hf), "hf-link/"):  # not an input: a folder whose config.json is not a run's
+        capsys.readouterr()
+        assert main(["train", str(cfg), "--out", out, "--overwrite", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds config.json, which is not a plelab run's" in err, err
+        assert main(["train", str(cfg), "--init-from-hf", "hf-link", "--out", out, "--overwrite", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is also an input of this command" in err, err
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == before

@@ -4,6 +4,9 @@ and `plelab diagnose --hf` on an `export-hf` folder (pad id 0 / 1 against the on
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +178,37 @@ def test_kv_sharing_llama_cpp_computes_differently_is_refused(tmp_path_factory, 
     run = train_run(root, "allfull", gemma_tokenizer(root), steps=1, gemma4='layer_types = ["full_attention", '
                     '"full_attention"]\n')
     assert "sliding-attention" in one_line_error(capsys, ["export-gguf", str(run), str(out)])
+
+
+def test_no_export_lands_on_a_file_of_a_run_or_in_its_checkpoints(run, tmp_path, capsys, monkeypatch):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    newest = max((copy / "checkpoints").glob("step_*"))
+    older = copy / "checkpoints" / "step_00000001"
+    shutil.copytree(newest, older)
+    (tmp_path / "link").symlink_to(copy)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    rel_newest = newest.relative_to(tmp_path)
+    for out in ("run/config.json", str(copy / "config.json"), "link/config.json", "./link/../run/metrics.jsonl"):
+        for cmd in (["export-gguf", str(older), out], ["export", str(older), "--out", out]):
+            for extra in ((), ("--overwrite",)):
+                assert "inside the training run" in one_line_error(capsys, [*cmd, *extra])
+    # A new file in another checkpoint folder: the next prune would delete it.
+    for out in (f"{rel_newest}/x.gguf", str(newest / "x.gguf"), f"link/checkpoints/{newest.name}/x.gguf"):
+        assert "inside the training run" in one_line_error(capsys, ["export-gguf", str(older), out])
+    assert "names a folder" in one_line_error(capsys, ["export-gguf", str(older), f"{rel_newest}/"])
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_never_replaces_a_fifo_or_device(run, tmp_path, capsys):
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    for cmd in (["export-gguf", str(run), str(fifo)], ["export", str(run), "--out", str(fifo)]):
+        assert "is a FIFO (named pipe), not a regular file" in one_line_error(capsys, [*cmd, "--overwrite"])
+    assert fifo.is_fifo()
+    if os.geteuid() == 0:  # a device node of our own (a copy of /dev/null's numbers), never the system's
+        node = tmp_path / "null"
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        assert "character device" in one_line_error(capsys, ["export-gguf", str(run), str(node), "--overwrite"])
+        assert node.is_char_device()

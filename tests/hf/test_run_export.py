@@ -105,10 +105,12 @@ def test_export_overwrite_never_deletes_the_run_or_the_users_files(setup, tmp_pa
     err = one_line_error(capsys, ["export-hf", str(run), str(runs), "--overwrite"])  # OUT holds the run
     assert "inside the output folder" in err
     err = one_line_error(capsys, ["export-hf", str(run), str(run / "checkpoints"), "--overwrite"])  # OUT in the run
-    assert "inside the run" in err
+    assert "inside the input folder" in err
     ckpt = next((run / "checkpoints").glob("step_*"))
+    err = one_line_error(capsys, ["export-hf", str(ckpt), str(run / "hf"), "--overwrite"])  # in the checkpoint's run
+    assert "inside the training run" in err
     err = one_line_error(capsys, ["export-hf", str(ckpt), str(run), "--overwrite"])  # a checkpoint of the run
-    assert "inside the output folder" in err
+    assert "is the folder of the training run" in err
     assert sorted(p.relative_to(runs) for p in runs.rglob("*")) == before
     mine = tmp_path / "mine"
     mine.mkdir()

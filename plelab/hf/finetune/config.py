@@ -106,6 +106,10 @@ class FinetuneConfig(TrainConfig):
             raise ConfigError("parallel = fsdp: fine-tuning replicates the adapters with ddp (the frozen model is "
                               "not sharded); use parallel = ddp")
 
+    def input_paths(self) -> tuple[str, ...]:
+        """The run's inputs and the checkpoint it fine-tunes."""
+        return (*super().input_paths(), *([self.finetune.hf] if self.finetune.hf else []))
+
 
 def model_config_of(ckpt: HFCheckpoint) -> ModelConfig:
     """plelab's description of a checkpoint's text model (vocabulary, width, depth, heads, context, PLE shape):
