@@ -78,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
     if args.hf is not None:
         from plelab.hf.diagnose import diagnose_hf_folder
 
+        if args.base and not args.data:
+            raise PlelabError("--base compares PLE use by ablation on evaluation data: give --data too")
+        if args.base and not Path(args.base).is_dir():
+            raise PlelabError(f"--base {args.base}: no such folder (give the Hugging Face folder the fine-tune "
+                              "started from)")
         base = finetune_base(args.hf, args.base) if args.data else None
         if base:  # a merged fine-tune (plelab finetune --merge) against the folder it came from
             from plelab.hf.finetune.compare import diagnose_against_base

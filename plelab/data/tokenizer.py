@@ -102,6 +102,53 @@ def tokenizer_kind(json_text: str) -> str:
     return "other"
 
 
+TOKENIZING_PARTS = ("model", "normalizer", "pre_tokenizer", "decoder", "added_tokens")
+"""The parts of a tokenizer.json that decide the ids of a text (plelab encodes without special tokens, so the
+post-processor, padding and truncation do not; transformers adds an empty post-processor when it saves one)."""
+PROBE_TEXT = ("Once upon a time, 42 foxes ran 3.5 km!\n\tdef f(x):  return x ** 2\n\n"
+              f"Café naïve 日本語 🦊 {EOT} <pad> <eos> ▁end")
+"""Text whose ids two tokenizers must agree on to count as the same: words, digits, whitespace runs, code,
+non-ASCII, emoji (bytes outside most vocabularies) and special-token spellings."""
+
+
+def tokenizer_difference(a: Tokenizer, b: Tokenizer) -> str | None:
+    """None when `a` and `b` tokenize alike (the same bytes, or the same `TOKENIZING_PARTS` and the same ids for
+    `PROBE_TEXT`), else what differs, in words."""
+    if a.sha256 == b.sha256:
+        return None
+    da, db = json.loads(a.to_json()), json.loads(b.to_json())
+    for part in TOKENIZING_PARTS:
+        pa, pb = _canonical(part, da.get(part)), _canonical(part, db.get(part))
+        if pa != pb:
+            return f"their {part.replace('_', '-')} differs{_part_detail(part, pa, pb)}"
+    if a.encode(PROBE_TEXT) != b.encode(PROBE_TEXT):
+        return "they give a probe text different ids"
+    return None
+
+
+def _canonical(part: str, value):
+    """A part as compared: BPE merges as pairs (the file spells them "a b" or ["a", "b"] by version)."""
+    if part == "model" and isinstance(value, dict) and isinstance(value.get("merges"), list):
+        value = {**value, "merges": [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))
+                                     for m in value["merges"]]}
+    return value
+
+
+def _part_detail(part: str, a, b) -> str:
+    if part == "model" and isinstance(a, dict) and isinstance(b, dict):
+        va, vb = a.get("vocab") or {}, b.get("vocab") or {}
+        if len(va) != len(vb):
+            return f" ({len(va):,} against {len(vb):,} vocabulary entries)"
+        if va != vb:
+            token = next(t for t in va if vb.get(t) != va[t])
+            return f" (the token {token!r} has id {va[token]} against {vb.get(token)})"
+        if a.get("merges") != b.get("merges"):
+            return " (the same vocabulary, other merges)"
+    if part == "added_tokens" and isinstance(a, list) and isinstance(b, list):
+        return f" ({len(a)} against {len(b)} added tokens)" if len(a) != len(b) else ""
+    return ""
+
+
 class Tokenizer:
     """A tokenizer.json-backed tokenizer: encode/decode, vocab size, end-of-text id, content hash."""
 
