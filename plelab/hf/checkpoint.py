@@ -9,12 +9,14 @@ with config.json are each one HFCheckpointError line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
+from plelab.util.fs import sampled_sha256
 from plelab.util.safetensors import TensorInfo, read_header
 
 FAMILIES = {"gemma3n": "gemma3n", "gemma3n_text": "gemma3n", "gemma4": "gemma4", "gemma4_text": "gemma4"}
@@ -126,6 +128,14 @@ class HFCheckpoint:
                 f"{root}: config/weights mismatch: {tables[0]} has shape {ckpt.table.shape}, config.json implies "
                 f"{want} (vocab_size_per_layer_input, num_hidden_layers x hidden_size_per_layer_input)")
         return ckpt
+
+    def fingerprint(self) -> str:
+        """A hash of config.json and of every weight shard (`sampled_sha256`: a few MB read even for GBs), so a
+        run can tell that its base folder now holds other weights of the same shape."""
+        h = hashlib.sha256((self.path / "config.json").read_bytes())
+        for shard in _shard_files(self.path):
+            h.update(f"{shard.name}:{sampled_sha256(shard)}".encode())
+        return h.hexdigest()
 
     @property
     def table(self) -> TensorInfo:

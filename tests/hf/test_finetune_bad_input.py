@@ -120,3 +120,20 @@ def test_train_never_replaces_a_model_folder(make_gemma, finetune_data, tmp_path
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "is also an input of this command" in err, err
     assert {p.name: p.read_bytes() for p in hf.iterdir()} == before
+
+
+def test_a_base_replaced_by_other_weights_is_refused_on_resume_and_merge(make_gemma, finetune_data, tmp_path,
+                                                                          capsys):
+    data, valid = finetune_data
+    base, run = tmp_path / "base", tmp_path / "run"
+    shutil.copytree(make_gemma("gemma4"), base)
+    assert main(finetune_argv(base, data, valid, run, "--set", "max_steps=12")) == 0
+    # Other weights of exactly the same shapes (the gates zeroed), under the same file name and size.
+    shutil.copyfile(make_gemma("gemma4", plant="dead") / "model.safetensors", base / "model.safetensors")
+    capsys.readouterr()
+    assert main(["finetune", "--out", str(run), "--resume", "--set", "max_steps=24", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no longer holds the weights this fine-tune was trained on" in err, err
+    assert (run / "checkpoints" / "LATEST").read_text() == "step_00000012"  # nothing trained on the new weights
+    err = refused(["finetune", "--out", str(run), "--merge", str(tmp_path / "merged")], capsys, tmp_path / "merged")
+    assert "no longer holds the weights" in err

@@ -3,7 +3,8 @@
     adapter_config.json        peft LoraConfig (r, alpha, target_modules as one regex over the decoder layers)
     adapter_model.safetensors  base_model.model.<checkpoint's name of the layer>.lora_A/B.weight, float32
     table_delta.safetensors    only when the table trained: rows + their change (see table_delta.py)
-    plelab_finetune.json       what was trained from what: base folder, step, targets, table mode
+    plelab_finetune.json       what was trained from what: base folder and its fingerprint (resume and merge
+                               refuse a base that now holds other weights), step, targets, table mode
 
 `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), FOLDER)` loads it: names carry
 `model.` for a text-only checkpoint and `model.language_model.` for a multimodal one, as transformers
@@ -103,6 +104,16 @@ def read_record(folder: Path) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlelabError(f"{f}: unreadable ({exc})") from None
     return data if isinstance(data, dict) else None
+
+
+def check_base_unchanged(record: dict[str, Any] | None, ckpt: HFCheckpoint, fingerprint: str | None = None) -> None:
+    """Refuse (one line) a base folder whose weights differ from those an adapter record says it was trained on
+    (records written before fingerprints were kept are not checked)."""
+    expected = (record or {}).get("base_fingerprint")
+    if expected and expected != (fingerprint or ckpt.fingerprint()):
+        raise PlelabError(f"{ckpt.path} no longer holds the weights this fine-tune was trained on (its fingerprint "
+                          f"changed since step 0): the adapters fit only those; put the original folder back, or "
+                          "fine-tune the new one in a new run")
 
 
 def read_adapter(folder: Path, ckpt: HFCheckpoint) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float,

@@ -25,7 +25,7 @@ import torch
 
 from plelab.errors import PlelabError
 from plelab.hf.checkpoint import INDEX, TABLE_SUFFIX, HFCheckpoint, _shard_files
-from plelab.hf.finetune.adapter import RECORD, read_adapter
+from plelab.hf.finetune.adapter import RECORD, check_base_unchanged, read_adapter, read_record
 from plelab.util.fs import check_output_path, fsync_dir
 from plelab.util.safetensors import DTYPES, TensorInfo, read_header, read_rows
 
@@ -108,6 +108,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path, record
     returns what was merged. An existing `out` is refused."""
     ckpt = HFCheckpoint.open(base)
     out = check_output_path(out, is_dir=True, inputs=(ckpt.path, adapter))
+    check_base_unchanged(read_record(Path(adapter)), ckpt)
     adapted, scaling, delta = read_adapter(Path(adapter), ckpt)
     changes: dict[str, Any] = {}
     for name, (a, b) in adapted.items():
