@@ -10,6 +10,7 @@ from pathlib import Path
 
 from plelab.cli import options
 from plelab.cli.common import add_command, print_json
+from plelab.data.loader import is_prepared_dataset
 from plelab.data.prepare import (
     DEFAULT_SHARD_TOKENS,
     DEFAULT_TOKENIZER_SAMPLE,
@@ -174,6 +175,9 @@ def run_tokenizer(args: argparse.Namespace) -> int:
     # Checked before training (minutes): never a corpus file, never inside a corpus folder (a .json there would be
     # read as corpus text next time), never an existing file without --overwrite.
     check_output_path(out, overwrite=args.overwrite, inputs=(*args.inputs, *(s.path for s in sources)))
+    if is_prepared_dataset(out.parent):  # its shards' ids mean what the tokenizer there says
+        raise DataError(f"output {out} is in the prepared dataset {out.parent}, whose tokenizer is the one its "
+                        "tokens were made with; write the new tokenizer elsewhere (and prepare data with it)")
     if args.byte:
         tok = Tokenizer.byte_level()
     else:

@@ -45,6 +45,15 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def is_prepared_dataset(path: str | Path) -> bool:
+    """Whether `path` is a folder `plelab data prepare` wrote (its manifest is readable)."""
+    try:
+        read_manifest(path)
+    except DataError:
+        return False
+    return True
+
+
 class TokenDataset:
     """One split (`train` or `val`) of a prepared dataset as a random-access token stream over memmapped shards."""
 
@@ -58,6 +67,7 @@ class TokenDataset:
     ):
         self.path = Path(path)
         self.split = split
+        self._tokenizer_checked: Path | None = None
         self.manifest = read_manifest(self.path)
         splits = self.manifest["splits"]
         if split not in splits:
@@ -107,8 +117,20 @@ class TokenDataset:
 
     @property
     def tokenizer_path(self) -> Path:
-        """The tokenizer.json the data was prepared with (pass it on to checkpoints)."""
-        return self.path / self.manifest["tokenizer"].get("file", "tokenizer.json")
+        """The tokenizer.json the data was prepared with (pass it on to checkpoints), checked once against the
+        hash the manifest records: a tokenizer.json replaced since would ship a tokenizer the ids do not mean."""
+        path = self.path / self.manifest["tokenizer"].get("file", "tokenizer.json")
+        if self._tokenizer_checked != path:
+            from plelab.data.tokenizer import Tokenizer
+
+            found = Tokenizer.load(path).sha256
+            if found != self.tokenizer_sha256:
+                raise VocabMismatchError(
+                    f"{path} is not the tokenizer {self.path} was prepared with (sha256 {found[:12]}, the manifest "
+                    f"records {self.tokenizer_sha256[:12]}): it was replaced; put it back, or prepare the data "
+                    "again with the new tokenizer")
+            self._tokenizer_checked = path
+        return path
 
     def __len__(self) -> int:
         return self.tokens_total

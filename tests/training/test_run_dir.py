@@ -191,3 +191,14 @@ def test_an_unknown_or_unavailable_device_is_one_line(setup, capsys):
     assert rc == 2
     one_line_error(err, "unknown device 'foo'")
     assert not (setup / "run").exists()
+
+
+def test_a_replaced_tokenizer_in_the_prepared_data_is_refused(setup, capsys):
+    from plelab.data.tokenizer import Tokenizer
+
+    cfg = write_config(setup, max_steps=2)
+    Tokenizer.byte_level(extra_special_tokens=["<|other|>"]).save(setup / "data" / "tokenizer.json")
+    rc, _, err = train(capsys, str(cfg), "--out", str(setup / "run"))
+    assert rc == 2
+    one_line_error(err, "data/tokenizer.json is not the tokenizer", "was prepared with", "prepare the data again")
+    assert not (setup / "run").exists()
