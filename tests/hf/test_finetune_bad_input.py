@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 from finetune_helpers import finetune_argv
+from safetensors.torch import load_file, save_file
 
 from plelab.cli.main import main
 
@@ -137,3 +139,74 @@ def test_a_base_replaced_by_other_weights_is_refused_on_resume_and_merge(make_ge
     assert (run / "checkpoints" / "LATEST").read_text() == "step_00000012"  # nothing trained on the new weights
     err = refused(["finetune", "--out", str(run), "--merge", str(tmp_path / "merged")], capsys, tmp_path / "merged")
     assert "no longer holds the weights" in err
+
+
+@pytest.fixture(scope="module")
+def sparse_run(make_gemma, finetune_data, tmp_path_factory):
+    """A finished fine-tune that trained the table too (its adapter holds a table delta)."""
+    data, valid = finetune_data
+    run = tmp_path_factory.mktemp("sparse") / "run"
+    assert main(finetune_argv(make_gemma("gemma4"), data, valid, run, "--set", "max_steps=12",
+                              "--set", "finetune.targets=attention,ple", "--set", "finetune.table=sparse")) == 0
+    return run
+
+
+def _tamper_delta(adapter, change):
+    from safetensors import safe_open
+
+    from plelab.hf.finetune.table_delta import DELTA_FILE
+
+    with safe_open(str(adapter / DELTA_FILE), "pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    change(tensors)
+    save_file(tensors, str(adapter / DELTA_FILE), metadata=meta)
+
+
+def _tamper_adapter(adapter, change):
+    from plelab.hf.finetune.adapter import ADAPTER_WEIGHTS
+
+    tensors = load_file(str(adapter / ADAPTER_WEIGHTS))
+    change(tensors)
+    save_file(tensors, str(adapter / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def _edit_config(adapter, change):
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    change(cfg)
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+
+
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+TAMPERED = {
+    "delta NaN": (lambda a: _tamper_delta(a, lambda t: t["delta"].__setitem__((0, 0), float("nan"))),
+                  "table_delta.safetensors: delta holds NaN or infinite values"),
+    "delta 1e30": (lambda a: _tamper_delta(a, lambda t: t["delta"].__setitem__((0, 0), 1e30)),
+                   "holds a value of magnitude 1e+30, past what training produces"),
+    "duplicate rows": (lambda a: _tamper_delta(a, lambda t: t["rows"].__setitem__(1, t["rows"][0])),
+                       "a row appears more than once"),
+    "lora_B NaN": (lambda a: _tamper_adapter(a, lambda t: next(v for k, v in t.items() if "lora_B" in k).fill_(
+        float("inf"))), "lora_B holds NaN or infinite values"),
+    "corrupt config": (lambda a: (a / "adapter_config.json").write_text('{"r": 8, "lora_alpha'),
+                       "adapter_config.json: not valid JSON"),
+    "r = 0": (lambda a: _edit_config(a, lambda c: c.update(r=0)), "r must be a positive integer"),
+    "no lora_alpha": (lambda a: _edit_config(a, lambda c: c.pop("lora_alpha")),
+                      "lora_alpha must be a positive number (the LoRA scale is lora_alpha / r), got missing"),
+    "truncated weights": (lambda a: _truncate(a / "adapter_model.safetensors"),
+                          "adapter_model.safetensors: not readable safetensors"),
+    "truncated delta": (lambda a: _truncate(a / "table_delta.safetensors"), "not a readable table delta"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_merge_refuses_a_damaged_adapter_in_one_line(sparse_run, tmp_path, capsys, case):
+    tamper, message = TAMPERED[case]
+    run = tmp_path / "run"
+    shutil.copytree(sparse_run, run)
+    tamper(run / "adapter")
+    err = refused(["finetune", "--out", str(run), "--merge", str(tmp_path / "merged")], capsys, tmp_path / "merged")
+    assert message in err and "Traceback" not in err, err
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]

@@ -14,6 +14,7 @@ builds each. peft ignores the delta file; `apply_table_delta(model, FOLDER / DEL
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -26,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from plelab.errors import PlelabError
 from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint
 from plelab.hf.finetune.model import INTERNAL_PREFIX, FinetuneModel, lora_config
-from plelab.hf.finetune.table_delta import DELTA_FILE, load_delta, save_delta
+from plelab.hf.finetune.table_delta import DELTA_FILE, check_trained_values, load_delta, save_delta
 from plelab.util.fs import fsync_dir
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -124,21 +125,52 @@ def read_adapter(folder: Path, ckpt: HFCheckpoint) -> tuple[dict[str, tuple[torc
     for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
         if not (folder / name).is_file():
             raise PlelabError(f"{folder}: no {name} (not an adapter folder)")
-    cfg = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    weights = load_file(str(folder / ADAPTER_WEIGHTS))
+    rank, alpha = _rank_and_alpha(folder / ADAPTER_CONFIG)
+    try:
+        weights = load_file(str(folder / ADAPTER_WEIGHTS))
+    except Exception as exc:  # safetensors raises its own error types for a truncated or corrupt file
+        raise PlelabError(f"{folder / ADAPTER_WEIGHTS}: not readable safetensors ({str(exc).splitlines()[0][:120]}); "
+                          "the file is damaged") from None
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in weights.items():
-        stem, which, _ = key.removeprefix("base_model.model.").rsplit(".", 2)
-        pairs.setdefault(stem + ".weight", {})[which] = t
+        parts = key.removeprefix("base_model.model.").rsplit(".", 2)
+        if len(parts) != 3 or parts[1] not in ("lora_A", "lora_B"):
+            raise PlelabError(f"{folder / ADAPTER_WEIGHTS}: {key} is not a LoRA weight (NAME.lora_A.weight or "
+                              "NAME.lora_B.weight)")
+        pairs.setdefault(parts[0] + ".weight", {})[parts[1]] = t
     out = {}
     for name, p in pairs.items():
         if set(p) != {"lora_A", "lora_B"}:
             raise PlelabError(f"{folder}: {name} has {sorted(p)} but needs lora_A and lora_B")
         if name.removeprefix(ckpt.prefix) not in ckpt.tensors:
             raise PlelabError(f"{folder}: the adapter changes {name}, which {ckpt.path} does not hold")
-        out[name] = (p["lora_A"], p["lora_B"])
+        a, b = p["lora_A"], p["lora_B"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise PlelabError(f"{folder}: {name}'s lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are not of "
+                              f"rank r = {rank} (adapter_config.json)")
+        for which, t in (("lora_A", a), ("lora_B", b)):
+            check_trained_values(folder / ADAPTER_WEIGHTS, f"{name}'s {which}", t.float())
+        out[name] = (a, b)
     delta = None
     if (folder / DELTA_FILE).is_file():
         rows, values, _ = load_delta(folder / DELTA_FILE, ckpt.table.shape)
         delta = (rows, values)
-    return out, float(cfg["lora_alpha"]) / int(cfg["r"]), delta
+    return out, alpha / rank, delta
+
+
+def _rank_and_alpha(path: Path) -> tuple[int, float]:
+    """(r, lora_alpha) of an adapter_config.json, each required and checked (one line for a damaged file)."""
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlelabError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise PlelabError(f"{path}: not a JSON object")
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise PlelabError(f"{path}: r must be a positive integer (the LoRA rank), got {rank!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        what = "missing" if alpha is None else repr(alpha)
+        raise PlelabError(f"{path}: lora_alpha must be a positive number (the LoRA scale is lora_alpha / r), got "
+                          f"{what}")
+    return rank, float(alpha)
