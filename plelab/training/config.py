@@ -191,7 +191,8 @@ class TrainConfig:
             raise ConfigError(f"dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
         if self.dtype == "bf16-head" and self.model.logit_softcap is not None:
             raise ConfigError("dtype = bf16-head changes the fused head + loss, which soft-capped logits "
-                              "(model.logit_softcap) do not use: choose fp32 or bf16")
+                              f"(model.gemma4.final_logit_softcap = {self.model.logit_softcap:g}) do not use: "
+                              "choose fp32 or bf16, or unset the soft cap")
 
     @property
     def context(self) -> int:

@@ -63,6 +63,7 @@ def test_data_tokenized_with_another_tokenizer(make_gemma, finetune_data, tmp_pa
     ("finetune.table=dense", "finetune.table must be one of frozen, sparse"),
     ("seq_len=4096", "seq_len must be in 0..model.max_seq_len (128)"),
     ("model.hidden_size=64", "model and tokenizer come from the checkpoint"),
+    ("dtype=bf16-head", "bf16-head speeds up plelab's own fused output head + loss, which a Hugging Face model"),
 ])
 def test_settings_fine_tuning_cannot_take(args, tmp_path, capsys, setting, message):
     assert message in refused(args("--set", setting), capsys, tmp_path / "run")

@@ -98,6 +98,9 @@ class FinetuneConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         self.sparse_ple = self.finetune.table == "sparse"
+        if self.dtype == "bf16-head":
+            raise ConfigError("dtype = bf16-head speeds up plelab's own fused output head + loss, which a Hugging Face "
+                              "model does not run (its losses would be fp32's): choose fp32 or bf16")
         super().__post_init__()
         if self.diagnostics_every:
             raise ConfigError("diagnostics_every watches plelab models; for a fine-tune run `plelab diagnose --hf` "
