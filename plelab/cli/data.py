@@ -85,9 +85,10 @@ def add_parser(sub) -> None:
     pp.add_argument("--out", required=True, help="dataset folder to create")
     pp.add_argument("--vocab-size", type=options.positive_int,
                     help="train a BPE of this size if --tokenizer does not exist")
-    pp.add_argument("--tokenizer-kind", choices=TOKENIZER_KINDS, default="byte-level",
+    pp.add_argument("--tokenizer-kind", choices=TOKENIZER_KINDS,
                     help="kind of BPE trained when --tokenizer does not exist: byte-level (default) or gemma "
-                         "(Gemma's tokenizer.json form; needed to convert the model with llama.cpp)")
+                         "(Gemma's tokenizer.json form; needed to convert the model with llama.cpp); an existing "
+                         "--tokenizer of another kind is refused")
     pp.add_argument("--tokenizer-max-bytes", default="20M",
                     help="text sampled evenly across inputs to train the tokenizer (default 20M; 'all')")
     pp.add_argument("--val-fraction", type=options.fraction, default=0.005,

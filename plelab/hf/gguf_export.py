@@ -34,7 +34,7 @@ import numpy as np
 
 from plelab.errors import PlelabError
 from plelab.hf.gguf_types import GGUFType, check_fits, gguf_type, quantize
-from plelab.hf.tensor_groups import group_of
+from plelab.hf.tensor_groups import GROUPS, group_of
 
 ARCH = "gemma4"
 CHUNK_BYTES = 8 << 20
@@ -165,12 +165,25 @@ class TypePlan:
     def type_for(self, gguf_tensor: str, hf_tensor: str) -> GGUFType:
         """The type of one matrix (the last matching override wins)."""
         chosen = self.default
-        group = group_of(hf_tensor)
-        base = gguf_tensor.removesuffix(".weight")
         for pattern, type_name in self.overrides:
-            if pattern == group or re.fullmatch(pattern, gguf_tensor) or re.fullmatch(pattern, base):
+            if self.matches(pattern, gguf_tensor, hf_tensor):
                 chosen = type_name
         return gguf_type(chosen)
+
+    @staticmethod
+    def matches(pattern: str, gguf_tensor: str, hf_tensor: str) -> bool:
+        """Whether an override's PATTERN (a group name or a regex on the GGUF name) selects this matrix."""
+        return (pattern == group_of(hf_tensor) or re.fullmatch(pattern, gguf_tensor) is not None
+                or re.fullmatch(pattern, gguf_tensor.removesuffix(".weight")) is not None)
+
+    def check_all_match(self, matrices: list[tuple[str, str]]) -> None:
+        """Refuse an override that selects none of `matrices` ((GGUF name, HF name) pairs): a mistyped group
+        would otherwise leave its tensors at the default type without a word."""
+        for pattern, type_name in self.overrides:
+            if not any(self.matches(pattern, g, h) for g, h in matrices):
+                raise GGUFExportError(f"--tensor-type {pattern}={type_name} matches no matrix of this model; give a "
+                                      f"group ({', '.join(GROUPS)}) or a regular expression on llama.cpp's names "
+                                      f"(e.g. {matrices[0][0] if matrices else 'blk.0.ffn_down.weight'})")
 
     @classmethod
     def parse(cls, default: str, overrides: list[str] | None) -> TypePlan:
@@ -264,6 +277,8 @@ def plan_tensors(source: Gemma4Source, plan: TypePlan) -> list[PlannedTensor]:
     out = []
     if "full_attention" in cfg.layer_types:
         out.append(PlannedTensor("rope_freqs.weight", None, gguf_type("f32"), rope_freqs(cfg)))
+    matrices = [(gguf_name(t.name, cfg.num_layers), t.name) for t in source.tensors if len(t.shape) > 1]
+    plan.check_all_match(matrices)
     for t in source.tensors:
         name = gguf_name(t.name, cfg.num_layers)
         if len(t.shape) <= 1:

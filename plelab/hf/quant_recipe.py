@@ -67,11 +67,19 @@ def held_out(path: str | Path, model: RecipeModel, tokens: int, seq_len: int) ->
     p = Path(path)
     if not p.exists():
         raise RecipeError(f"{path}: no such file or folder (give held-out .txt domains or a .npy of token ids)")
+    if model.context and seq_len > model.context:
+        raise RecipeError(f"--seq-len {seq_len} is longer than the model's context ({model.context} tokens); "
+                          f"give at most {model.context}")
     if p.suffix == ".npy":
         try:
-            streams = {p.stem: np.asarray(np.load(p, mmap_mode="r")).reshape(-1)}
+            ids = np.asarray(np.load(p, mmap_mode="r")).reshape(-1)
         except (ValueError, OSError) as exc:
             raise RecipeError(f"{p}: not a readable .npy token array ({exc})") from None
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise RecipeError(f"{p}: holds {ids.dtype} values; token ids are integers (save them as int32/int64)")
+        if len(ids) and int(ids.min()) < 0:
+            raise RecipeError(f"{p}: holds token id {int(ids.min())}; ids are 0 or more")
+        streams = {p.stem: ids}
         how = "token ids as given"
     else:
         if model.tokenizer is None:

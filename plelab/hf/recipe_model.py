@@ -57,6 +57,8 @@ class RecipeModel:
     tokenizer: Any
     vocab_size: int
     description: dict[str, Any] = field(default_factory=dict)
+    context: int | None = None
+    """Longest sequence the model was made for (None: not stated)."""
     _streamed: Any = None
     _hidden: Any = None
     _head: Any = None
@@ -134,7 +136,7 @@ def plelab_model(run: str | Path, device: torch.device | None = None) -> RecipeM
         matrices.pop("lm_head.weight", None)
     tok = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
     return RecipeModel("plelab", cfg.arch, str(run), model, matrices, tok, cfg.vocab_size,
-                       {"run": str(run), "checkpoint": str(model.checkpoint_dir)},
+                       {"run": str(run), "checkpoint": str(model.checkpoint_dir)}, context=cfg.max_seq_len,
                        _hidden=model.hidden_states, _head=model.logits)
 
 
@@ -167,7 +169,8 @@ def hf_model(path: str | Path, device: torch.device | None = None) -> RecipeMode
         return torch.tanh(logits / cap) * cap if cap else logits
 
     return RecipeModel("hf", ckpt.family, str(path), lm, matrices, tok, ckpt.text_config["vocab_size"],
-                       {"hf": str(path), "architecture": ckpt.family}, _streamed=hf.table,
+                       {"hf": str(path), "architecture": ckpt.family},
+                       context=ckpt.text_config.get("max_position_embeddings"), _streamed=hf.table,
                        _hidden=lambda x: hf.text(input_ids=x, use_cache=False).last_hidden_state, _head=head)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,11 @@ from plelab.hf.quant_recipe import (
 )
 from plelab.hf.recipe_model import RecipeModel, open_model
 from plelab.hf.tensor_groups import GROUPS, group_of
+from plelab.util.fs import staging_dir
 
 BASELINES = {"ple": ["fp16", "int8/32", "int4/32", "int4/128"], "gguf": ["f16", "q8_0", "q4_0", "q4_k"]}
+EXPORT_FILES = {"ple": "recipe.ple", "gguf": "recipe.gguf"}
+"""The exported recipe of each family, in the output folder."""
 
 
 def _bytes_only_table(model: RecipeModel, formats: list[Format]) -> dict[str, dict[str, Any]]:
@@ -93,7 +95,7 @@ def export_ple(model: RecipeModel, recipe: dict[str, str], out: Path) -> dict[st
     else:  # a plelab Gemma 4 run: through its HF folder, which export --hf reads a chunk of rows at a time
         from plelab.hf.run_export import export_hf as export_run_hf
 
-        tmp = Path(tempfile.mkdtemp(prefix=".recipe-hf-", dir=out.parent))
+        tmp = staging_dir(out.with_name("recipe-hf"))
         try:
             export_run_hf(model.source, tmp / "hf", transformers_only=True)
             layout = export_hf(tmp / "hf", out, opts)
@@ -242,12 +244,12 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
                 recipes[family] = make_recipe(measurer, table, fmts, family, text, BASELINES[family])
         files: dict[str, Any] = {}
         if export and "ple" in recipes:
-            files["ple"] = export_ple(model, recipes["ple"].formats, out / "recipe.ple")
-            files["ple"]["measured"] = measure_ple_file(measurer, out / "recipe.ple", files["ple"]["table_only"],
+            files["ple"] = export_ple(model, recipes["ple"].formats, out / EXPORT_FILES["ple"])
+            files["ple"]["measured"] = measure_ple_file(measurer, out / EXPORT_FILES["ple"], files["ple"]["table_only"],
                                                         recipes["ple"].formats)
         if gguf_file and "gguf" in recipes:
-            files["gguf"] = export_gguf_recipe(model, recipes["gguf"].formats, out / "recipe.gguf")
-            measured = measure_gguf_file(measurer, out / "recipe.gguf")
+            files["gguf"] = export_gguf_recipe(model, recipes["gguf"].formats, out / EXPORT_FILES["gguf"])
+            measured = measure_gguf_file(measurer, out / EXPORT_FILES["gguf"])
             if measured is None:
                 notes.append("the GGUF was not run: llama-cpp-python is not installed")
             files["gguf"]["measured_in_llama_cpp"] = measured
@@ -263,5 +265,8 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
     from plelab.hf.recipe_report import write_recipe_report
 
     (out / "recipe.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    for family, name in EXPORT_FILES.items():  # an earlier export this run did not replace would pass for this one
+        if family not in files:
+            (out / name).unlink(missing_ok=True)
     write_recipe_report(result, out)
     return result

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from plelab.errors import PlelabError
 from plelab.hf.interop import HFInteropError, hf_gemma4_config, hf_gemma4_state_dict
-from plelab.util.fs import check_output_path, fsync_dir, resolve_path
+from plelab.util.fs import check_output_path, replace_folder, resolve_path, staging_dir
 
 
 def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transformers_only: bool = False) -> Path:
@@ -62,11 +61,10 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
     hf_config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     weights = {k: v.contiguous() for k, v in hf_gemma4_state_dict(model).items()}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = staging_dir(out)
     try:
         _write_folder(tmp, hf_config, weights, tokenizer)
-        _replace_folder(tmp, out)
+        replace_folder(tmp, out)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if _is_write_failure(exc):  # a full disk, a quota: safetensors reports it as its own error type
@@ -112,18 +110,3 @@ def _write_folder(folder: Path, hf_config, weights: dict[str, torch.Tensor], tok
     for f in folder.iterdir():
         with open(f, "rb") as handle:
             os.fsync(handle.fileno())
-
-
-def _replace_folder(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` (overwrite was checked) is moved aside first, then deleted."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old.{os.getpid()}")
-        if out.is_dir() and not out.is_symlink():
-            os.rename(out, old)
-        else:
-            raise PlelabError(f"output {out} exists and is not a folder")
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

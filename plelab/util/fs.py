@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -44,14 +45,15 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-# `atomic_writer`'s temp names: `.NAME.PID.` + mkstemp's 8 random characters + `.tmp`.
+# Temp names of `atomic_writer` and `staging_dir`: `.NAME.PID.` + mkstemp's 8 random characters + `.tmp`.
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$")
 
 
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Delete the temp files `atomic_writer` left in `folder` when its process was killed; return them.
+    """Delete the temp files and folders `atomic_writer` / `staging_dir` left in `folder` when their process was
+    killed; return them.
 
-    Only files of its own naming (`.NAME.PID.XXXXXXXX.tmp`) whose writer PID no longer runs are removed, so a
+    Only entries of their naming (`.NAME.PID.XXXXXXXX.tmp`) whose writer PID no longer runs are removed, so a
     write in progress in another process is never touched.
     """
     removed = []
@@ -61,10 +63,39 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
         return removed
     for entry in entries:
         m = _TEMP_NAME.match(entry.name)
-        if m and entry.is_file(follow_symlinks=False) and not pid_alive(int(m["pid"])):
+        if not m or pid_alive(int(m["pid"])):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        elif entry.is_file(follow_symlinks=False):
             Path(entry.path).unlink(missing_ok=True)
-            removed.append(Path(entry.path))
+        else:
+            continue
+        removed.append(Path(entry.path))
     return removed
+
+
+def staging_dir(target: str | Path) -> Path:
+    """A new hidden folder beside `target` to build it in (then `replace_folder`); named with this process's id,
+    so if the process is killed the next staging or atomic write into that folder removes it (a model-sized
+    leftover otherwise stays forever)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target.parent)
+    return Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp"))
+
+
+def replace_folder(staged: Path, target: Path) -> None:
+    """Rename the complete `staged` folder to `target`; an existing `target` folder is first renamed aside (under a
+    temp name, so a kill leaves a leftover the next writer removes) and deleted after: never half of either."""
+    aside = None
+    if target.exists():
+        aside = staging_dir(target)
+        os.rename(target, aside)  # over the empty folder just made: atomic
+    os.rename(staged, target)
+    fsync_dir(target.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager

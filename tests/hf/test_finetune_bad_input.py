@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 from finetune_helpers import finetune_argv
+from kill_helpers import hidden_leftovers, killed_before_rename
 from safetensors.torch import load_file, save_file
 
 from plelab.cli.main import main
@@ -211,3 +212,11 @@ def test_merge_refuses_a_damaged_adapter_in_one_line(sparse_run, tmp_path, capsy
     err = refused(["finetune", "--out", str(run), "--merge", str(tmp_path / "merged")], capsys, tmp_path / "merged")
     assert message in err and "Traceback" not in err, err
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]
+
+
+def test_a_killed_merge_leaves_a_folder_the_next_merge_removes(sparse_run, tmp_path, capsys):
+    killed_before_rename(["finetune", "--out", str(sparse_run), "--merge", str(tmp_path / "merged")])
+    (left,) = hidden_leftovers(tmp_path, "merged")
+    assert (left / "model.safetensors").is_file() and not (tmp_path / "merged").exists()
+    assert main(["finetune", "--out", str(sparse_run), "--merge", str(tmp_path / "merged"), "--quiet"]) == 0
+    assert not hidden_leftovers(tmp_path, "merged") and (tmp_path / "merged" / "model.safetensors").is_file()

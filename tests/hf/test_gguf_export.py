@@ -212,3 +212,12 @@ def test_overwrite_never_replaces_a_fifo_or_device(run, tmp_path, capsys):
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
         assert "character device" in one_line_error(capsys, ["export-gguf", str(run), str(node), "--overwrite"])
         assert node.is_char_device()
+
+
+def test_a_tensor_type_override_that_matches_nothing_is_refused(run, tmp_path, capsys):
+    out = tmp_path / "x.gguf"
+    for override in ("ple_tabel=q8_0", r"blk\.99\.ffn_down=q8_0", "ffn_down=q8_0"):
+        err = one_line_error(capsys, ["export-gguf", str(run), str(out), "--tensor-type", override])
+        assert f"--tensor-type {override} matches no matrix of this model" in err and "ple_table" in err, err
+    assert not out.exists()
+    assert main(["export-gguf", str(run), str(out), "--tensor-type", r"blk\.\d+\.ffn_down=q8_0"]) == 0

@@ -245,3 +245,26 @@ def test_per_tensor_encodings_leave_other_files_unchanged(llama_run, tmp_path):
             assert a.sha256 == b.sha256, a.name
     with PleFile(tmp_path / "restated.ple") as f:
         assert f.layout.quant["encodings"]["ple"] == {"dtype": "int4", "group": 32}
+
+
+def test_a_window_past_the_context_or_bad_ids_are_refused_before_out_is_made(llama_run, tmp_path, capsys):
+    out = tmp_path / "r"
+    base = ["quant-recipe", str(llama_run), "--out", str(out), "--formats", "fp16,int4/32", "--no-export"]
+    err = one_line_error(capsys, [*base, "--eval", str(llama_run.parent / "valid"), "--seq-len", "64"])
+    assert "--seq-len 64 is longer than the model's context (32 tokens)" in err
+    for name, ids, message in (("minus.npy", np.array([5, 7, -1, 9] * 50), "holds token id -1"),
+                               ("nan.npy", np.array([5.0, np.nan] * 100), "holds float64 values")):
+        np.save(tmp_path / name, ids)
+        err = one_line_error(capsys, [*base, "--eval", str(tmp_path / name), "--seq-len", "16"])
+        assert message in err, err
+    assert not out.exists()
+
+
+def test_overwrite_without_export_removes_the_earlier_recipes_files(llama_run, tmp_path, capsys):
+    out = tmp_path / "again"
+    argv = ["quant-recipe", str(llama_run), "--eval", str(llama_run.parent / "valid"), "--out", str(out),
+            "--tokens", "100", "--seq-len", "32", "--formats", "fp16,int4/32", "--budget", "int4/32"]
+    assert main(argv) == 0 and (out / "recipe.ple").is_file()
+    assert main([*argv, "--overwrite", "--no-export"]) == 0
+    assert not (out / "recipe.ple").exists()
+    assert json.loads((out / "recipe.json").read_text())["files"] == {}

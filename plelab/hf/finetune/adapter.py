@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from plelab.errors import PlelabError
 from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint
 from plelab.hf.finetune.model import INTERNAL_PREFIX, FinetuneModel, lora_config
 from plelab.hf.finetune.table_delta import DELTA_FILE, check_trained_values, load_delta, save_delta
-from plelab.util.fs import fsync_dir
+from plelab.util.fs import replace_folder, staging_dir
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -51,8 +50,7 @@ def peft_key(ckpt: HFCheckpoint, internal_path: str, which: str) -> str:
 def write_adapter(model: FinetuneModel, ckpt: HFCheckpoint, out: Path, record: dict[str, Any]) -> Path:
     """Write the adapter folder `out` atomically (a temp folder renamed into place, replacing an older one)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    tmp = staging_dir(out)
     try:
         weights = {}
         for path, (a, b) in model.adapter_tensors().items():
@@ -70,29 +68,11 @@ def write_adapter(model: FinetuneModel, ckpt: HFCheckpoint, out: Path, record: d
         for name in [*files, RECORD]:
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
-        _replace_folder(tmp, out)
+        replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _replace_folder(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is renamed aside first and removed after (never half of both)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def remove_stale(parent: Path, name: str) -> None:
-    """Remove temp and renamed-aside folders a killed `write_adapter` / merge left beside `parent / name`."""
-    for p in [*parent.glob(f".{name}.tmp*"), *parent.glob(f".{name}.old*")]:
-        shutil.rmtree(p, ignore_errors=True)
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ import torch
 
 from plelab.errors import PlelabError
 from plelab.hf.checkpoint import HFCheckpoint
-from plelab.hf.finetune.adapter import RECORD, check_base_unchanged, read_record, remove_stale, write_adapter
+from plelab.hf.finetune.adapter import RECORD, check_base_unchanged, read_record, write_adapter
 from plelab.hf.finetune.config import FinetuneConfig
 from plelab.hf.finetune.model import FinetuneModel, build_finetune_model, resolve_base_dtype
 from plelab.training.callbacks import Callback
@@ -67,10 +67,6 @@ class FinetuneProgress(ProgressPrinter):
 
 class AdapterWriter(Callback):
     """Writes RUN/adapter (peft's format + table delta) after every checkpoint and at the end, on rank 0."""
-
-    def on_train_start(self, trainer: Any) -> None:
-        if trainer.world.is_main:
-            remove_stale(trainer.run_dir, ADAPTER_DIR)
 
     def on_checkpoint(self, trainer: Any, ckpt_dir: Any) -> None:
         if trainer.world.is_main:
