@@ -404,12 +404,23 @@ def _special_ids(tok, folder: Path | None) -> set[int]:
     named = {i for i in (tok.eot_id, tok.pad_id, tok.token_to_id("<unk>")) if i is not None}
     try:
         if folder is not None:
-            from transformers import AutoTokenizer
-
-            return named | set(AutoTokenizer.from_pretrained(folder, local_files_only=True).all_special_ids)
+            return named | folder_special_ids(folder)
         return named | set(tok.to_hf().all_special_ids)
     except ImportError:
         return named
+
+
+def folder_special_ids(folder: Path) -> set[int]:
+    """The ids transformers calls special in a Hugging Face folder (from its tokenizer files); a folder whose
+    tokenizer transformers cannot read (a corrupt tokenizer_config.json, say) is one GGUFExportError."""
+    from transformers import AutoTokenizer
+
+    try:
+        return set(AutoTokenizer.from_pretrained(folder, local_files_only=True).all_special_ids)
+    except Exception as exc:  # json, OSError, ValueError, ...: transformers raises many kinds for a bad file
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise GGUFExportError(f"{folder}: transformers cannot read its tokenizer ({type(exc).__name__}: {why}); check "
+                              "tokenizer_config.json and tokenizer.json") from None
 
 
 def _add_vocab_keys(w, v: Vocab) -> None:

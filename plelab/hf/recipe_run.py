@@ -179,7 +179,7 @@ def measure_gguf_file(measurer: Measurer, path: Path) -> dict[str, Any] | None:
 
 def gguf_blocker(model: RecipeModel) -> str | None:
     """Why no GGUF of this Gemma 4 model can be written (checked before measuring), or None."""
-    from plelab.hf.gguf_export import GGUFExportError, check_llama_cpp_layout
+    from plelab.hf.gguf_export import GGUFExportError, check_llama_cpp_layout, folder_special_ids
 
     if model.tokenizer is None:
         return f"{model.source} has no tokenizer.json, and a GGUF carries its tokenizer"
@@ -187,6 +187,7 @@ def gguf_blocker(model: RecipeModel) -> str | None:
         if model.kind == "hf":
             from plelab.hf.interop import HFInteropError, gemma4_config_from_hf
 
+            folder_special_ids(Path(model.source))  # the GGUF's token types come from them
             try:
                 cfg = gemma4_config_from_hf(model.module.config.to_dict())
             except HFInteropError as exc:

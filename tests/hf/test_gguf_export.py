@@ -221,3 +221,16 @@ def test_a_tensor_type_override_that_matches_nothing_is_refused(run, tmp_path, c
         assert f"--tensor-type {override} matches no matrix of this model" in err and "ple_table" in err, err
     assert not out.exists()
     assert main(["export-gguf", str(run), str(out), "--tensor-type", r"blk\.\d+\.ffn_down=q8_0"]) == 0
+
+
+def test_a_corrupt_tokenizer_config_is_one_line(run, tmp_path, capsys):
+    from plelab.hf.recipe_model import open_model
+    from plelab.hf.recipe_run import gguf_blocker
+
+    hf = tmp_path / "hf"
+    assert main(["export-hf", str(run), str(hf)]) == 0
+    (hf / "tokenizer_config.json").write_text('{"bos_token": ')
+    err = one_line_error(capsys, ["export-gguf", "--hf", str(hf), str(tmp_path / "x.gguf")])
+    assert "transformers cannot read its tokenizer (JSONDecodeError" in err and "tokenizer_config.json" in err
+    assert not (tmp_path / "x.gguf").exists()
+    assert "transformers cannot read its tokenizer" in gguf_blocker(open_model(hf, hf=True))  # quant-recipe --hf

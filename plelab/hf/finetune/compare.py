@@ -14,6 +14,7 @@ so only one is in memory at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,16 +117,18 @@ def check_comparable(tuned: str | Path, base: str | Path) -> None:
                           "it was trained from")
 
 
-def diagnose_against_base(path: str, data: str, base: str, **options: Any) -> dict[str, Any]:
+def diagnose_against_base(path: str, data: str, base: str, progress: Callable[[str], None] | None = None,
+                          **options: Any) -> dict[str, Any]:
     """`plelab diagnose --hf PATH` of a merged fine-tune, with report["finetune"]: its PLE use against the base
-    folder's on the same batches (one model in memory at a time). options: those of open_for_diagnosis."""
+    folder's on the same batches (one model in memory at a time). options: those of open_for_diagnosis;
+    progress: see diagnose_hf."""
     from plelab.hf.diagnose import folder_report, open_for_diagnosis
 
     gone = not Path(base).is_dir()
     if not gone:
         check_comparable(path, base)  # before either model is loaded
     model, kwargs, data_desc = open_for_diagnosis(path, data, **options)
-    report = folder_report(model, kwargs, data_desc)
+    report = folder_report(model, kwargs, data_desc, progress)
     tuned = measure_ple_use(model, kwargs["batches"], options.get("layers"))
     del model
     if gone:
