@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
@@ -50,6 +51,19 @@ _SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+
+TRAIN_RUN_CHARS = 256
+"""Longest run of non-space characters tokenizer training sees whole; longer runs are cut (for training only)
+with a newline, a boundary every kind's pre-tokenizer keeps. BPE training is quadratic in the length of a word,
+so one unbroken 2 MB line took minutes; no useful token is this long (SentencePiece caps pieces at 16)."""
+_LONG_RUN = re.compile(rf"\S{{{TRAIN_RUN_CHARS}}}(?=\S)")
+
+
+def bounded_runs(texts: Iterable[str]) -> Iterator[str]:
+    """`texts` with every run of non-space characters longer than TRAIN_RUN_CHARS cut by newlines."""
+    for text in texts:
+        yield _LONG_RUN.sub(lambda m: m.group(0) + "\n", text)
 
 
 class TokenizerError(PlelabError):
@@ -208,7 +222,7 @@ class Tokenizer:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=show_progress,
         )
-        tok.train_from_iterator(texts, trainer=trainer)
+        tok.train_from_iterator(bounded_runs(texts), trainer=trainer)
         return cls(tok)
 
     @classmethod
@@ -235,7 +249,7 @@ class Tokenizer:
             # Rare characters are left to the byte fallback, as SentencePiece's character coverage does.
             limit_alphabet=max(1, min(1000, (learned - len(specials)) // 2)),
         )
-        trainer_tok.train_from_iterator(texts, trainer=trainer)
+        trainer_tok.train_from_iterator(bounded_runs(texts), trainer=trainer)
         trained = json.loads(trainer_tok.to_str())["model"]
         order = sorted(trained["vocab"].items(), key=lambda kv: kv[1])
         vocab = {t: i for i, t in enumerate(specials + list(_GEMMA_BYTES))}
