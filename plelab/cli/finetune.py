@@ -62,6 +62,10 @@ def _run(args: argparse.Namespace) -> int:
         what = "does not exist" if not out.exists() else "holds no plelab run"
         raise PlelabError(f"{'--merge' if merge_only else '--resume'}: {out} {what}; check --out")
     if args.merge:
+        merged = Path(args.merge)
+        if merged.is_dir() and any(merged.iterdir()):  # --overwrite is the run's; a merge never replaces a folder
+            raise PlelabError(f"--merge {args.merge} already exists and is not empty; merge into a new folder "
+                              "(a merge never replaces one)")
         check_output_path(args.merge, is_dir=True, inputs=(out,))
     if merge_only:
         summary = _merge(args)

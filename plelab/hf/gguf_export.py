@@ -507,7 +507,7 @@ def write_gguf(source: Gemma4Source, out: str | Path, plan: TypePlan, tensors: l
             w.write_padding(f, f.tell())
             written = 0
             for chunk in _chunks(t):
-                chunk.tofile(f)
+                f.write(np.ascontiguousarray(chunk).data)  # not tofile: its OSError on a full disk has no errno
                 written += chunk.nbytes
             if written != t.nbytes:
                 raise GGUFExportError(f"{t.gguf}: wrote {written} bytes, expected {t.nbytes}")

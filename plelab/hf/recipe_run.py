@@ -28,13 +28,12 @@ from plelab.hf.quant_recipe import (
     Measurer,
     Recipe,
     RecipeError,
-    choose,
     default_formats,
+    fit_budget,
     fixed_bytes,
     held_out,
     make_recipe,
     measure_table,
-    parse_budget,
     summary,
 )
 from plelab.hf.recipe_model import RecipeModel, open_model
@@ -42,6 +41,8 @@ from plelab.hf.tensor_groups import GROUPS, group_of
 from plelab.util.fs import staging_dir
 
 BASELINES = {"ple": ["fp16", "int8/32", "int4/32", "int4/128"], "gguf": ["f16", "q8_0", "q4_0", "q4_k"]}
+DEFAULT_SEQ_LEN = 128
+"""Window length when none is given (shorter for a model made for shorter sequences)."""
 EXPORT_FILES = {"ple": "recipe.ple", "gguf": "recipe.gguf"}
 """The exported recipe of each family, in the output folder."""
 
@@ -58,8 +59,7 @@ def check_budgets(model: RecipeModel, formats: list[Format], budgets: dict[str, 
         fam = [f for f in formats if f.family == family]
         if not fam:
             continue
-        budget, _ = parse_budget(text, table, fixed_bytes(model, family))
-        choose(table, fam, budget)
+        fit_budget(table, fam, family, text, fixed_bytes(model, family))
 
 
 def ple_encodings(model: RecipeModel, recipe: dict[str, str]) -> dict[str, Any]:
@@ -202,7 +202,7 @@ def gguf_blocker(model: RecipeModel) -> str | None:
 
 def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *, hf: bool = False,
                formats: list[str] | None = None, budgets: dict[str, str] | None = None, tokens: int = 2048,
-               seq_len: int = 128, batch: int = 8, overwrite: bool = False, export: bool = True,
+               seq_len: int | None = None, batch: int = 8, overwrite: bool = False, export: bool = True,
                device: torch.device | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure, choose, export and measure the exports; writes OUT/recipe.json and the report; returns the result."""
     from plelab.edge.export import export_inputs
@@ -232,7 +232,7 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
             notes.append(f"no GGUF is written: {reason}")
             gguf_file = False
     check_budgets(model, fmts, budgets)
-    data = held_out(eval_path, model, tokens, seq_len)
+    data = held_out(eval_path, model, tokens, seq_len or min(DEFAULT_SEQ_LEN, model.context or DEFAULT_SEQ_LEN))
     out.mkdir(parents=True, exist_ok=True)
     measurer = Measurer(model, data, batch, device)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -103,8 +104,8 @@ def atomic_writer(path: str | Path, mode: int | None = None) -> Iterator[BinaryI
     """Open a temp file next to `path` for binary writing; on success fsync it and rename it over `path`.
 
     Readers see the old file or the new one, never half of it; an exception removes the temp file, and a
-    killed writer's temp file (its PID is in the name) is removed by the next writer into the folder.
-    `mode` defaults to what the umask allows an ordinary new file.
+    killed writer's temp file (its PID is in the name) is removed by the next writer into the folder; a full disk
+    or quota is a PlelabError naming the file. `mode` defaults to what the umask allows an ordinary new file.
     """
     path = Path(path)
     remove_stale_temp_files(path.parent)
@@ -120,8 +121,13 @@ def atomic_writer(path: str | Path, mode: int | None = None) -> Iterator[BinaryI
             mode = 0o666 & ~umask
         os.chmod(tmp, mode)  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            from plelab.errors import PlelabError
+
+            raise PlelabError(f"cannot write {path}: {exc.strerror} (the disk or quota is full); nothing was "
+                              "written, an earlier file there is kept") from None
         raise
     fsync_dir(path.parent)
 

@@ -80,7 +80,8 @@ def test_merge_refusals(args, tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "x").write_text("mine")
-    assert "already exists" in refused(args("--merge", str(taken)), capsys, tmp_path / "run")
+    err = refused(args("--merge", str(taken), "--overwrite"), capsys, tmp_path / "run")
+    assert "already exists and is not empty; merge into a new folder" in err and "pass --overwrite" not in err
     assert (taken / "x").read_text() == "mine"
     err = refused(["finetune", "--out", str(tmp_path / "nothing"), "--merge", str(tmp_path / "m")], capsys,
                   tmp_path / "m")
@@ -220,3 +221,38 @@ def test_a_killed_merge_leaves_a_folder_the_next_merge_removes(sparse_run, tmp_p
     assert (left / "model.safetensors").is_file() and not (tmp_path / "merged").exists()
     assert main(["finetune", "--out", str(sparse_run), "--merge", str(tmp_path / "merged"), "--quiet"]) == 0
     assert not hidden_leftovers(tmp_path, "merged") and (tmp_path / "merged" / "model.safetensors").is_file()
+
+
+def test_a_fine_tune_run_given_where_a_model_goes_says_merge_it_first(sparse_run, finetune_data, tmp_path, capsys):
+    valid = str(finetune_data[1])
+    for argv in (["eval", str(sparse_run), "--data", valid], ["generate", str(sparse_run), "--prompt", "The"],
+                 ["diagnose", str(sparse_run), "--data", valid], ["export", str(sparse_run), "--out",
+                                                                   str(tmp_path / "x.ple")],
+                 ["export-gguf", str(sparse_run), str(tmp_path / "x.gguf")],
+                 ["quant-recipe", str(sparse_run), "--eval", valid, "--out", str(tmp_path / "r")]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is a LoRA fine-tune of" in err, (argv, err)
+        assert f"plelab finetune --out {sparse_run} --merge MERGED" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_sparse_table_fine_tune_prints_no_torch_warning(tmp_path):
+    """The table delta's lookup of a batch slice (not contiguous) warned on every sparse-table fine-tune, --quiet
+    or not; checked in a fresh process, since torch warns once per process."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, torch\n"
+            "from plelab.hf.finetune.table_delta import TableWithDelta\n"
+            "class Table(torch.nn.Module):\n"
+            "    num_embeddings, embedding_dim, scale = 50, 4, 1.0\n"
+            "    def forward(self, ids): return torch.zeros(*ids.shape, 4)\n"
+            "t = TableWithDelta(Table(), np.arange(0, 50, 3))\n"
+            "x = torch.arange(40).view(4, 10)[:, :-1]\n"
+            "assert not x.is_contiguous()\n"
+            "t(x)\n")
+    done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr

@@ -234,3 +234,19 @@ def test_a_corrupt_tokenizer_config_is_one_line(run, tmp_path, capsys):
     assert "transformers cannot read its tokenizer (JSONDecodeError" in err and "tokenizer_config.json" in err
     assert not (tmp_path / "x.gguf").exists()
     assert "transformers cannot read its tokenizer" in gguf_blocker(open_model(hf, hf=True))  # quant-recipe --hf
+
+
+def test_a_full_disk_is_one_line_naming_the_file(run, tmp_path, capsys):
+    """A real full disk: a 64 KiB tmpfs (root only; skipped elsewhere), far smaller than the GGUF."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        err = one_line_error(capsys, ["export-gguf", str(run), str(disk / "x.gguf")])
+        assert f"cannot write {disk / 'x.gguf'}: No space left on device (the disk or quota is full)" in err, err
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -82,7 +82,8 @@ class TableWithDelta(nn.Module):
 
     def slots(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot of each id in the delta, whether the id has one); ids without a slot read slot 0, masked."""
-        slot = torch.searchsorted(self.rows, ids).clamp_(max=len(self.rows) - 1)
+        # Batches are slices (x[:, :-1]), not contiguous; searchsorted warns on every run if given one.
+        slot = torch.searchsorted(self.rows, ids.contiguous()).clamp_(max=len(self.rows) - 1)
         return slot, self.rows[slot] == ids
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
