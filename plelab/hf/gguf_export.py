@@ -82,13 +82,16 @@ def run_source(run: str | Path) -> Gemma4Source:
     """A plelab arch = "gemma4" run (its newest intact checkpoint) as a GGUF source; the model is in memory."""
     from plelab.hf.interop import hf_gemma4_state_dict
     from plelab.inference.load import checkpoint_tokenizer, load_model
+    from plelab.runs.checkpoint import reading_checkpoint
 
-    model, _ = load_model(run)
-    cfg = model.config
-    if cfg.arch != "gemma4":
-        raise GGUFExportError(f"{run} is an arch={cfg.arch!r} model; llama.cpp's Gemma 4 graph needs a model trained "
-                              "with model.arch=gemma4 (the .ple runtimes run the llama-style one: plelab export)")
-    tok = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
+    with reading_checkpoint(run) as ckpt:  # a run still training cannot prune it while it is read
+        model, _ = load_model(ckpt)
+        cfg = model.config
+        if cfg.arch != "gemma4":
+            raise GGUFExportError(f"{run} is an arch={cfg.arch!r} model; llama.cpp's Gemma 4 graph needs a model "
+                                  "trained with model.arch=gemma4 (the .ple runtimes run the llama-style one: plelab "
+                                  "export)")
+        tok = checkpoint_tokenizer(ckpt, cfg.vocab_size)
     tensors = []
     for name, value in hf_gemma4_state_dict(model).items():
         t = value.detach().float().cpu()

@@ -121,8 +121,11 @@ def plelab_model(run: str | Path, device: torch.device | None = None) -> RecipeM
     """A plelab run (its newest intact checkpoint) in float32."""
     from plelab.hf.interop import gemma4_hf_name
     from plelab.inference.load import checkpoint_tokenizer, load_model
+    from plelab.runs.checkpoint import reading_checkpoint
 
-    model, _ = load_model(run, device=device or "cpu")
+    with reading_checkpoint(run) as ckpt:  # a run still training cannot prune it while it is read
+        model, _ = load_model(ckpt, device=device or "cpu")
+        tokenizer = checkpoint_tokenizer(ckpt, model.config.vocab_size)
     model = model.float().eval()
     cfg = model.config
     matrices = {}
@@ -134,8 +137,7 @@ def plelab_model(run: str | Path, device: torch.device | None = None) -> RecipeM
         matrices[hf] = Matrix(hf, param, tuple(param.shape), group, _matrix_table(hf))
     if cfg.tie_embeddings:
         matrices.pop("lm_head.weight", None)
-    tok = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
-    return RecipeModel("plelab", cfg.arch, str(run), model, matrices, tok, cfg.vocab_size,
+    return RecipeModel("plelab", cfg.arch, str(run), model, matrices, tokenizer, cfg.vocab_size,
                        {"run": str(run), "checkpoint": str(model.checkpoint_dir)}, context=cfg.max_seq_len,
                        _hidden=model.hidden_states, _head=model.logits)
 

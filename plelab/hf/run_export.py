@@ -27,10 +27,13 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
     another tokenizer is refused unless `transformers_only` (the folder then loads in transformers only).
     """
     from plelab.inference.load import checkpoint_tokenizer, load_model
+    from plelab.runs.checkpoint import reading_checkpoint
 
     out = check_output_path(out, overwrite=overwrite, inputs=(run,), is_dir=True)
     _refuse_losing_data(Path(run), out)
-    model, _ = load_model(run)
+    with reading_checkpoint(run) as ckpt:  # a run still training cannot prune it while it is read
+        model, _ = load_model(ckpt)
+        tokenizer = checkpoint_tokenizer(ckpt, model.config.vocab_size)
     cfg = model.config
     if cfg.arch != "gemma4":
         raise HFInteropError(
@@ -42,7 +45,6 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
             f"ple.vocab_size={cfg.ple_vocab_size} differs from vocab_size={cfg.vocab_size}: transformers' Gemma 4 "
             "looks every id up in the PLE table, so it cannot run this model"
         )
-    tokenizer = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
     if tokenizer.kind != "gemma" and not transformers_only:
         raise HFInteropError(
             f"{run} uses a {tokenizer.kind} tokenizer; llama.cpp's Gemma 4 converter reads only Gemma-style ones: "

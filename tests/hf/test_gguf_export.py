@@ -250,3 +250,30 @@ def test_a_full_disk_is_one_line_naming_the_file(run, tmp_path, capsys):
         assert list(disk.iterdir()) == []
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_export_of_a_run_that_checkpoints_and_prunes_while_it_is_read(run, tmp_path, monkeypatch):
+    """A run still training with keep_checkpoints = 1 writes a checkpoint and prunes the older one while an export
+    reads it (at the E2B shape, on every export). Here that moment is made to come at once: right after the export
+    verified its checkpoint, the trainer's own save and prune run. The checkpoint being read must survive."""
+    import plelab.inference.load as load
+    from plelab.runs.checkpoint import prune_checkpoints
+
+    live = tmp_path / "live"
+    shutil.copytree(run, live)
+    ckpts = live / "checkpoints"
+    verify = load.verify_checkpoint
+
+    def verify_then_train_on(ckpt):
+        verify(ckpt)
+        newer = ckpts / f"step_{int(ckpt.name.split('_')[1]) + 1:08d}"
+        shutil.copytree(ckpt, newer)  # the trainer's next checkpoint ...
+        (ckpts / "LATEST").write_text(newer.name)
+        prune_checkpoints(ckpts, keep=1)  # ... and its prune, as Trainer.save does
+
+    monkeypatch.setattr(load, "verify_checkpoint", verify_then_train_on)
+    assert main(["export-gguf", str(live), str(tmp_path / "live.gguf")]) == 0
+    assert read(tmp_path / "live.gguf")[1]
+    monkeypatch.undo()
+    prune_checkpoints(ckpts, keep=1)  # the trainer's next prune removes the one that was read
+    assert len(list(ckpts.glob("step_*"))) == 1
