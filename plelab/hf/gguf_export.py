@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from plelab.errors import PlelabError
-from plelab.hf.gguf_types import GGUFType, check_fits, gguf_type, quantize
+from plelab.hf.gguf_types import GGUFType, check_fits, fitting_type, gguf_type, quantize
 from plelab.hf.tensor_groups import GROUPS, group_of
 
 ARCH = "gemma4"
@@ -215,6 +215,8 @@ class PlannedTensor:
     type: GGUFType
     values: np.ndarray | None = None
     """For generated tensors (rope_freqs): the float32 values."""
+    wanted: str | None = None
+    """The type asked for, when it could not hold the rows and `type` is its fallback (see fitting_type)."""
 
     @property
     def row(self) -> int:
@@ -273,8 +275,9 @@ def check_llama_cpp_layout(cfg) -> None:
             f"{kinds[max(0, first - 2):first]}")
 
 
-def plan_tensors(source: Gemma4Source, plan: TypePlan) -> list[PlannedTensor]:
-    """Every tensor with its GGUF name and type; a type that cannot hold a tensor's rows is one error."""
+def plan_tensors(source: Gemma4Source, plan: TypePlan, strict: bool = False) -> list[PlannedTensor]:
+    """Every tensor with its GGUF name and type. A type that cannot hold a tensor's rows falls back as llama.cpp's
+    quantizer does (`fitting_type`, noted in the tensor's `wanted`), or with `strict` is one error."""
     cfg = source.config
     check_llama_cpp_layout(cfg)
     out = []
@@ -288,8 +291,10 @@ def plan_tensors(source: Gemma4Source, plan: TypePlan) -> list[PlannedTensor]:
             out.append(PlannedTensor(name, t, gguf_type("f32")))
             continue
         kind = plan.type_for(name, t.name)
-        check_fits(kind, name, t.shape)
-        out.append(PlannedTensor(name, t, kind))
+        if strict:
+            check_fits(kind, name, t.shape)
+        used = fitting_type(kind, t.shape[-1])
+        out.append(PlannedTensor(name, t, used, wanted=kind.name if used != kind else None))
     return out
 
 
@@ -456,11 +461,13 @@ class GGUFResult:
     tensors: int
     types: dict[str, int]
     group_bytes: dict[str, int]
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    """Tensors written in another type than asked, because its blocks do not divide their rows."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready summary."""
         return {"path": str(self.path), "file_bytes": self.file_bytes, "tensors": self.tensors, "types": self.types,
-                "group_bytes": self.group_bytes}
+                "group_bytes": self.group_bytes, "fallbacks": self.fallbacks}
 
 
 def _chunks(t: PlannedTensor) -> Iterator[np.ndarray]:
@@ -522,13 +529,15 @@ def write_gguf(source: Gemma4Source, out: str | Path, plan: TypePlan, tensors: l
         types[t.type.name] = types.get(t.type.name, 0) + 1
         g = group_of(t.source.name) if t.source is not None else "other"
         groups[g] = groups.get(g, 0) + t.nbytes
-    return GGUFResult(out, size, len(tensors), types, groups)
+    fallbacks = [{"tensor": t.gguf, "wanted": t.wanted, "used": t.type.name, "row": t.row} for t in tensors if t.wanted]
+    return GGUFResult(out, size, len(tensors), types, groups, fallbacks)
 
 
 def export_gguf(source_path: str | Path, out: str | Path, type_name: str = "f16",
                 overrides: list[str] | None = None, hf: bool = False, overwrite: bool = False,
-                progress: Callable[[str], None] | None = None) -> GGUFResult:
-    """`plelab export-gguf`: a run (or, with `hf`, an HF Gemma 4 folder) to a GGUF at `out`; checks come first."""
+                progress: Callable[[str], None] | None = None, strict: bool = False) -> GGUFResult:
+    """`plelab export-gguf`: a run (or, with `hf`, an HF Gemma 4 folder) to a GGUF at `out`; checks come first.
+    strict: refuse a type that cannot hold a tensor's rows instead of falling back (see plan_tensors)."""
     from plelab.edge.export import export_inputs
     from plelab.hf.ple_export import hf_export_inputs
     from plelab.util.fs import check_output_path
@@ -537,6 +546,6 @@ def export_gguf(source_path: str | Path, out: str | Path, type_name: str = "f16"
     inputs = hf_export_inputs(source_path) if hf else export_inputs(source_path)
     out = check_output_path(out, overwrite=overwrite, inputs=inputs)
     source = hf_source(source_path) if hf else run_source(source_path)
-    tensors = plan_tensors(source, plan)
+    tensors = plan_tensors(source, plan, strict)
     vocab_from_tokenizer(source.tokenizer_json, source.config.vocab_size, source.folder)  # refused before writing
     return write_gguf(source, out, plan, tensors, progress)

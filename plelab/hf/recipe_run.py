@@ -112,7 +112,7 @@ def export_gguf_recipe(model: RecipeModel, recipe: dict[str, str], out: Path) ->
         raise GGUFExportError(f"GGUF needs a Gemma 4 model; this one is {model.family}")
     source = hf_source(model.source) if model.kind == "hf" else run_source(model.source)
     plan = TypePlan("f16", tuple(recipe.items()))
-    result = write_gguf(source, out, plan, plan_tensors(source, plan))
+    result = write_gguf(source, out, plan, plan_tensors(source, plan, strict=True))  # the recipe chose fitting types
     return result.to_json()
 
 

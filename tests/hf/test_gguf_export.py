@@ -157,14 +157,36 @@ def test_bad_input_is_one_line_and_writes_nothing(run, tmp_path, capsys):
     assert not list(tmp_path.glob(".bad.gguf*"))
 
 
-def test_type_that_cannot_hold_a_row_is_refused(tmp_path_factory, capsys):
+def test_a_type_that_cannot_hold_a_row_falls_back_per_tensor_and_says_so(tmp_path_factory, capsys):
+    """The mini-ple preset's FFN width, 344, divides into no block of 32 (q8_0, q4_0) or 256 (q4_k): those tensors
+    are written as llama.cpp's quantizer writes them (f16) and reported; --strict-types refuses instead."""
     root = tmp_path_factory.mktemp("narrow")
-    run = train_run(root, "ffn384", gemma_tokenizer(root), steps=1, ffn=384)  # ffn_down rows: 384 values
+    run = train_run(root, "ffn344", gemma_tokenizer(root), steps=1, ffn=344)  # ffn_down rows: 344 values
     out = root / "x.gguf"
-    err = one_line_error(capsys, ["export-gguf", str(run), str(out), "--type", "q4_k"])
-    assert "blk.0.ffn_down.weight has rows of 384 values, not a multiple of q4_k's block of 256" in err
-    assert not out.exists() and not list(root.glob(".x.gguf*"))
-    assert main(["export-gguf", str(run), str(out), "--type", "q4_0"]) == 0  # 384 = 12 blocks of 32
+    for wanted in ("q8_0", "q4_0"):
+        assert main(["export-gguf", str(run), str(out), "--type", wanted, "--overwrite", "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["fallbacks"] == [{"tensor": f"blk.{i}.ffn_down.weight", "wanted": wanted, "used": "f16",
+                                        "row": 344} for i in range(2)]
+        _, tensors = read(out)
+        assert tensors["blk.0.ffn_down.weight"].tensor_type.name == "F16"
+        assert tensors["blk.0.ffn_up.weight"].tensor_type.name == wanted.upper()
+    assert main(["export-gguf", str(run), str(out), "--type", "q8_0", "--overwrite"]) == 0
+    assert "blk.0.ffn_down.weight: rows of 344 values do not divide into q8_0's blocks; written as f16" in (
+        capsys.readouterr().out)
+    err = one_line_error(capsys, ["export-gguf", str(run), str(root / "y.gguf"), "--type", "q4_k", "--strict-types"])
+    assert "blk.0.ffn_down.weight has rows of 344 values, not a multiple of q4_k's block of 256" in err
+    assert not (root / "y.gguf").exists() and not list(root.glob(".y.gguf*"))
+
+
+def test_the_fallback_is_llama_cpps():
+    from plelab.hf.gguf_types import fitting_type
+
+    assert fitting_type(gguf_type("q4_k"), 384).name == "q5_0"  # 384 = 12 blocks of 32, not of 256
+    assert fitting_type(gguf_type("q6_k"), 384).name == "q8_0"
+    assert fitting_type(gguf_type("q2_k"), 384).name == "iq4_nl"
+    assert fitting_type(gguf_type("q4_k"), 344).name == "f16"
+    assert fitting_type(gguf_type("q4_k"), 512).name == "q4_k"
 
 
 def test_kv_sharing_llama_cpp_computes_differently_is_refused(tmp_path_factory, capsys):
