@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from plelab.cli.common import add_command, add_set_flag, print_json
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from plelab.hf.finetune.config import load_finetune_config
+    from plelab.hf.finetune.config import DEFAULT_SEQ_LEN, load_finetune_config
     from plelab.runs.run_dir import CONFIG_FILE, holds_run
     from plelab.util.fs import check_output_path
 
@@ -76,6 +77,9 @@ def _run(args: argparse.Namespace) -> int:
     hf = str(Path(args.hf).resolve()) if args.hf else None
     data = str(Path(args.data).resolve()) if args.data else None
     cfg, ckpt = load_finetune_config(source, args.overrides, {"finetune.hf": hf, "data": data})
+    if cfg.seq_len < DEFAULT_SEQ_LEN and cfg.seq_len == cfg.model.max_seq_len and not args.quiet and not args.resume:
+        print(f"seq_len = {cfg.seq_len}, the checkpoint's context (shorter than the default {DEFAULT_SEQ_LEN})",
+              file=sys.stderr)
     from plelab.hf.finetune.checks import check_finetune_inputs
     from plelab.hf.finetune.trainer import FinetuneTrainer
     from plelab.parallel.engine import from_environment
@@ -124,7 +128,7 @@ def finetune_base(folder: str, base: str | None) -> str | None:
 
 def run_plan(args: argparse.Namespace) -> int:
     """`plelab plan-train --finetune PATH`: one device's memory for a LoRA fine-tune, table on disk vs on device."""
-    from plelab.hf.finetune.config import FinetuneConfig, model_config_of
+    from plelab.hf.finetune.config import FinetuneConfig, fit_seq_len, model_config_of
     from plelab.hf.finetune.memory import PUBLIC_REPORT, CheckpointShape, FinetunePlan, gib, plan_finetune
     from plelab.training.memory_plan import GiB
     from plelab.util.dataclass_config import apply_overrides, from_dict, read_file, to_dict
@@ -133,7 +137,7 @@ def run_plan(args: argparse.Namespace) -> int:
     data = apply_overrides(read_file(args.config) if args.config else {}, args.overrides)
     if "model" in data or "tokenizer" in data:
         raise PlelabError("model and tokenizer come from the checkpoint (--finetune PATH); do not set them")
-    cfg = from_dict(FinetuneConfig, {**data, "model": to_dict(model_config_of(shape))})
+    cfg = from_dict(FinetuneConfig, fit_seq_len({**data, "model": to_dict(model_config_of(shape))}))
     req = FinetunePlan(shape, cfg.finetune, cfg.batch_size, cfg.context, cfg.dtype != "fp32",
                        args.activation_checkpointing or cfg.activation_checkpointing, args.touched_rows,
                        args.overhead_gb * GiB, args.gpu_memory)

@@ -15,11 +15,15 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from plelab.data.sources import DataError
+
+if TYPE_CHECKING:
+    from plelab.data.tokenizer import Tokenizer
 
 LOADER_STATE_VERSION = 1
 
@@ -64,6 +68,7 @@ class TokenDataset:
         *,
         vocab_size: int | None = None,
         tokenizer_sha256: str | None = None,
+        tokenizer: Tokenizer | None = None,
     ):
         self.path = Path(path)
         self.split = split
@@ -84,7 +89,7 @@ class TokenDataset:
         if self.max_token_id >= self.vocab_size_data:
             raise DataError(f"{path}: split {split!r} holds token id {self.max_token_id} but its tokenizer has only "
                             f"{self.vocab_size_data} ids (corrupt dataset)")
-        self.check_compatible(vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256)
+        self.check_compatible(vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, tokenizer=tokenizer)
         self.vocab_limit = vocab_size if vocab_size is not None else self.vocab_size_data
         """Ids must lie below this (the model's vocabulary when given, else the tokenizer's): BatchLoader checks."""
         dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
@@ -102,8 +107,17 @@ class TokenDataset:
         # Identity of this split's content (from the shard checksums): a resumed loader must see the same data.
         self.fingerprint = hashlib.sha256("".join(sh["sha256"] for sh in info["shards"]).encode()).hexdigest()
 
-    def check_compatible(self, *, vocab_size: int | None = None, tokenizer_sha256: str | None = None) -> None:
-        """Raise VocabMismatchError unless the data fits a model with this vocabulary / tokenizer hash."""
+    def check_compatible(self, *, vocab_size: int | None = None, tokenizer_sha256: str | None = None,
+                         tokenizer: Tokenizer | None = None) -> None:
+        """Raise VocabMismatchError unless the data fits a model with this vocabulary / tokenizer hash / tokenizer
+        (one that tokenizes as the data's did, though its file differs: re-saved by transformers, say)."""
+        if tokenizer is not None and tokenizer.sha256 != self.tokenizer_sha256:
+            from plelab.data.tokenizer import Tokenizer, tokenizer_difference
+
+            diff = tokenizer_difference(Tokenizer.load(self.tokenizer_path), tokenizer)
+            if diff:
+                raise VocabMismatchError(f"tokenizer/model mismatch: {self.path} was tokenized with another tokenizer "
+                                         f"than the model's ({diff}); prepare the data with the model's tokenizer")
         if tokenizer_sha256 is not None and tokenizer_sha256 != self.tokenizer_sha256:
             raise VocabMismatchError(
                 f"tokenizer/model vocab mismatch: {self.path} was tokenized with tokenizer "

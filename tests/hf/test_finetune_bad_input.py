@@ -56,6 +56,7 @@ def test_data_tokenized_with_another_tokenizer(make_gemma, finetune_data, tmp_pa
     argv = finetune_argv(make_gemma("gemma4"), tmp_path / "bytes", finetune_data[1], tmp_path / "run")
     err = refused(argv, capsys, tmp_path / "run")
     assert "tokenized with another tokenizer" in err and "plelab data prepare" in err
+    assert "their model differs (" in err  # what differs is named
 
 
 @pytest.mark.parametrize(("setting", "message"), [
@@ -256,3 +257,24 @@ def test_a_sparse_table_fine_tune_prints_no_torch_warning(tmp_path):
     done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr, done.stderr
+
+
+def test_data_of_the_same_tokenizer_re_saved_by_transformers_is_accepted(make_gemma, finetune_data, tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "hf"
+    shutil.copytree(make_gemma("gemma4"), folder)
+    PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")).save_pretrained(folder)
+    assert (folder / "tokenizer.json").read_bytes() != (make_gemma("gemma4") / "tokenizer.json").read_bytes()
+    data, valid = finetune_data  # prepared with the file as it was before transformers saved it
+    assert main(finetune_argv(folder, data, valid, tmp_path / "run", "--set", "max_steps=2")) == 0
+
+
+def test_the_default_seq_len_fits_a_short_context_and_says_so(make_gemma, finetune_data, tmp_path, capsys):
+    data, valid = finetune_data
+    argv = ["finetune", "--hf", str(make_gemma("gemma4")), "--data", str(data), "--out", str(tmp_path / "run"),
+            "--set", "max_steps=1", "--set", "batch_size=2", "--set", "eval_tokens=256", "--set", "dtype=fp32",
+            "--set", f"eval_data={valid}", "--json"]  # no seq_len: the default, 512, is past this context (128)
+    assert main(argv) == 0
+    assert "seq_len = 128, the checkpoint's context (shorter than the default 512)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["seq_len"] == 128

@@ -133,3 +133,5 @@ def test_plan_of_a_checkpoint_folder_and_bad_input(make_gemma, capsys):
     assert r["table_on_disk_bytes"]["table_delta"] == 12 * 100 * 16
     assert main(["plan-train", "--finetune", str(folder), "--set", "seq_len=64", "--set", "finetune.targets=nope"]) == 2
     assert "no linear layer named 'nope'" in capsys.readouterr().err
+    assert main(["plan-train", "--finetune", str(folder), "--json"]) == 0  # the default 512 cut to the context, 128
+    assert json.loads(capsys.readouterr().out)["step"]["seq_len"] == 128
