@@ -121,3 +121,19 @@ def test_training_cuts_only_runs_longer_than_the_bound():
     assert list(bounded_runs([f"a {short} b"])) == [f"a {short} b"]
     (cut,) = bounded_runs([f"a {long_} b"])
     assert cut.split() == ["a", "y" * TRAIN_RUN_CHARS, "y" * TRAIN_RUN_CHARS, "y" * 5, "b"]
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "gemma"])
+def test_a_tokenizer_re_saved_by_transformers_is_the_same_tokenizer(tmp_path, kind):
+    pytest.importorskip("transformers")
+    from plelab.data.tokenizer import tokenizer_difference
+
+    train = Tokenizer.train_gemma if kind == "gemma" else Tokenizer.train_bpe
+    tok = train([corpus_text() * 3], 300)
+    tok.to_hf().save_pretrained(tmp_path)
+    resaved = Tokenizer.load(tmp_path)
+    assert resaved.sha256 != tok.sha256 and tokenizer_difference(resaved, tok) is None
+    other = train([corpus_text()[::-1] * 3], 300)
+    assert tokenizer_difference(other, tok).startswith("their model differs (")
+    bigger = train([corpus_text() * 3], 320)
+    assert "vocabulary entries" in tokenizer_difference(bigger, tok)
