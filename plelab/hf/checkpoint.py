@@ -34,13 +34,18 @@ def read_config(path: str | Path) -> dict[str, Any]:
     f = Path(path) / "config.json"
     if not f.is_file():
         raise HFCheckpointError(f"{path}: no config.json (not a Hugging Face model folder)")
+    return read_json_object(f)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object (a folder's config files); not JSON or not an object: one error line."""
     try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise HFCheckpointError(f"{f}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise HFCheckpointError(f"{f}: not a JSON object")
-    return cfg
+        raise HFCheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise HFCheckpointError(f"{path}: not a JSON object")
+    return data
 
 
 def is_hf_folder(path: str | Path) -> bool:

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plelab.errors import PlelabError
-from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint
+from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint, read_json_object
 from plelab.hf.finetune.model import INTERNAL_PREFIX, FinetuneModel, lora_config
 from plelab.hf.finetune.table_delta import DELTA_FILE, check_trained_values, load_delta, save_delta
 from plelab.util.fs import replace_folder, staging_dir
@@ -140,12 +140,7 @@ def read_adapter(folder: Path, ckpt: HFCheckpoint) -> tuple[dict[str, tuple[torc
 
 def _rank_and_alpha(path: Path) -> tuple[int, float]:
     """(r, lora_alpha) of an adapter_config.json, each required and checked (one line for a damaged file)."""
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PlelabError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise PlelabError(f"{path}: not a JSON object")
+    cfg = read_json_object(path)
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise PlelabError(f"{path}: r must be a positive integer (the LoRA rank), got {rank!r}")
