@@ -10,6 +10,7 @@ from pathlib import Path
 
 from plelab.cli import options
 from plelab.cli.common import add_command, print_json
+from plelab.data.loader import is_prepared_dataset
 from plelab.data.prepare import (
     DEFAULT_SHARD_TOKENS,
     DEFAULT_TOKENIZER_SAMPLE,
@@ -85,9 +86,10 @@ def add_parser(sub) -> None:
     pp.add_argument("--out", required=True, help="dataset folder to create")
     pp.add_argument("--vocab-size", type=options.positive_int,
                     help="train a BPE of this size if --tokenizer does not exist")
-    pp.add_argument("--tokenizer-kind", choices=TOKENIZER_KINDS, default="byte-level",
+    pp.add_argument("--tokenizer-kind", choices=TOKENIZER_KINDS,
                     help="kind of BPE trained when --tokenizer does not exist: byte-level (default) or gemma "
-                         "(Gemma's tokenizer.json form; needed to convert the model with llama.cpp)")
+                         "(Gemma's tokenizer.json form; needed to convert the model with llama.cpp); an existing "
+                         "--tokenizer of another kind is refused")
     pp.add_argument("--tokenizer-max-bytes", default="20M",
                     help="text sampled evenly across inputs to train the tokenizer (default 20M; 'all')")
     pp.add_argument("--val-fraction", type=options.fraction, default=0.005,
@@ -185,11 +187,12 @@ def run_tokenizer(args: argparse.Namespace) -> int:
         raise DataError("no inputs to train on")
     sources = [] if args.byte else resolve_sources(list(args.inputs), _options(args))
     out = Path(args.out) / "tokenizer.json" if Path(args.out).is_dir() else Path(args.out)
-    # Checked before training (minutes): never a corpus file, never an existing file without --overwrite.
-    check_output_path(out, overwrite=args.overwrite, inputs=tuple(s.path for s in sources))
-    for folder in (Path(i) for i in args.inputs):  # a .json there would be read as corpus text next time
-        if folder.is_dir() and folder.resolve() in out.resolve().parents:
-            raise DataError(f"output {out} is inside the input folder {folder}; write the tokenizer elsewhere")
+    # Checked before training (minutes): never a corpus file, never inside a corpus folder (a .json there would be
+    # read as corpus text next time), never an existing file without --overwrite.
+    check_output_path(out, overwrite=args.overwrite, inputs=(*args.inputs, *(s.path for s in sources)))
+    if is_prepared_dataset(out.parent):  # its shards' ids mean what the tokenizer there says
+        raise DataError(f"output {out} is in the prepared dataset {out.parent}, whose tokenizer is the one its "
+                        "tokens were made with; write the new tokenizer elsewhere (and prepare data with it)")
     if args.byte:
         tok = Tokenizer.byte_level()
     else:

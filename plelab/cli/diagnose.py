@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from plelab.cli import options
@@ -91,13 +92,19 @@ def run(args: argparse.Namespace) -> int:
     if args.hf is not None:
         from plelab.hf.diagnose import diagnose_hf_folder
 
+        if args.base and not args.data:
+            raise PlelabError("--base compares PLE use by ablation on evaluation data: give --data too")
+        if args.base and not Path(args.base).is_dir():
+            raise PlelabError(f"--base {args.base}: no such folder (give the Hugging Face folder the fine-tune "
+                              "started from)")
         base = finetune_base(args.hf, args.base) if args.data else None
+        hf = dict(layers=args.layers, dtype=args.dtype, progress=_to_stderr, **common)
         if base:  # a merged fine-tune (plelab finetune --merge) against the folder it came from
             from plelab.hf.finetune.compare import diagnose_against_base
 
-            report = diagnose_against_base(args.hf, args.data, base, layers=args.layers, dtype=args.dtype, **common)
+            report = diagnose_against_base(args.hf, args.data, base, **hf)
         else:
-            report = diagnose_hf_folder(args.hf, args.data, layers=args.layers, dtype=args.dtype, **common)
+            report = diagnose_hf_folder(args.hf, args.data, **hf)
     else:
         if args.layers is not None:
             raise PlelabError("--layers applies to --hf checkpoints only")
@@ -116,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
             lines += format_comparison(report["finetune"], report["finetune"]["base"])
         print("\n".join(lines))
     return 0
+
+
+def _to_stderr(line: str) -> None:
+    """Progress of a long diagnosis, beside its result (stdout stays the report or its JSON)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_early(args: argparse.Namespace) -> int:

@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     p.add_argument("--type", default="f16", help="type of every matrix (default f16)")
     p.add_argument("--tensor-type", action="append", default=[], metavar="PATTERN=TYPE",
                    help="type of a group or of tensors whose llama.cpp name matches PATTERN (repeatable; last wins)")
+    p.add_argument("--strict-types", action="store_true",
+                   help="refuse a type whose blocks do not divide a tensor's rows, instead of falling back for that "
+                   "tensor as llama.cpp's quantizer does (k-quants to q5_0 / q5_1 / q8_0 / iq4_nl, then f16)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT file")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
 
@@ -45,10 +48,15 @@ def run(args: argparse.Namespace) -> int:
         source, out = args.source, args.out
     if source is None or out is None:
         raise GGUFExportError("give RUN OUT.gguf, or --hf PATH OUT.gguf")
-    result = export_gguf(source, out, args.type, args.tensor_type, hf=bool(args.hf), overwrite=args.overwrite)
+    result = export_gguf(source, out, args.type, args.tensor_type, hf=bool(args.hf), overwrite=args.overwrite,
+                         strict=args.strict_types)
     if args.json:
         print_json(result.to_json())
         return 0
+    for f in result.fallbacks:
+        print(f"{f['tensor']}: rows of {f['row']} values do not divide into {f['wanted']}'s blocks; written as "
+              f"{f['used']}")
     types = ", ".join(f"{n} {k}" for k, n in sorted(result.types.items()))
-    print(f"wrote {result.path}: {result.file_bytes:,} bytes, {result.tensors} tensors ({types})")
+    fell = f"; {len(result.fallbacks)} fell back (--strict-types refuses instead)" if result.fallbacks else ""
+    print(f"wrote {result.path}: {result.file_bytes:,} bytes, {result.tensors} tensors ({types}){fell}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from plelab.cli.common import add_command, add_set_flag, print_json
@@ -33,7 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--data", metavar="DIR", help="prepared training data (tokenized with the checkpoint's tokenizer)")
     p.add_argument("--out", required=True, help="run directory (config, metrics.jsonl, checkpoints, adapter/)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace a different run already in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a different plelab run in --out (other "
+                   "files are kept; a folder holding a config.json that is not a run's is refused)")
     p.add_argument("--merge", metavar="OUT", help="after training (or alone, for a finished run): write the "
                    "checkpoint with the adapter (and table delta) merged in as a Hugging Face folder OUT")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -49,18 +51,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from plelab.hf.finetune.config import load_finetune_config
-    from plelab.runs.run_dir import CONFIG_FILE
+    from plelab.hf.finetune.config import DEFAULT_SEQ_LEN, load_finetune_config
+    from plelab.runs.run_dir import CONFIG_FILE, holds_run
     from plelab.util.fs import check_output_path
 
     out = Path(args.out)
     merge_only = args.merge and not (args.config or args.hf or args.data or args.resume or args.overrides)
     if args.resume and args.overwrite:
         raise PlelabError("--resume continues the run in --out and --overwrite replaces it: give one of them")
-    if (args.resume or merge_only) and not (out / CONFIG_FILE).is_file():
+    if (args.resume or merge_only) and not holds_run(out):
         what = "does not exist" if not out.exists() else "holds no plelab run"
         raise PlelabError(f"{'--merge' if merge_only else '--resume'}: {out} {what}; check --out")
     if args.merge:
+        merged = Path(args.merge)
+        if merged.is_dir() and any(merged.iterdir()):  # --overwrite is the run's; a merge never replaces a folder
+            raise PlelabError(f"--merge {args.merge} already exists and is not empty; merge into a new folder "
+                              "(a merge never replaces one)")
         check_output_path(args.merge, is_dir=True, inputs=(out,))
     if merge_only:
         summary = _merge(args)
@@ -71,6 +77,9 @@ def _run(args: argparse.Namespace) -> int:
     hf = str(Path(args.hf).resolve()) if args.hf else None
     data = str(Path(args.data).resolve()) if args.data else None
     cfg, ckpt = load_finetune_config(source, args.overrides, {"finetune.hf": hf, "data": data})
+    if cfg.seq_len < DEFAULT_SEQ_LEN and cfg.seq_len == cfg.model.max_seq_len and not args.quiet and not args.resume:
+        print(f"seq_len = {cfg.seq_len}, the checkpoint's context (shorter than the default {DEFAULT_SEQ_LEN})",
+              file=sys.stderr)
     from plelab.hf.finetune.checks import check_finetune_inputs
     from plelab.hf.finetune.trainer import FinetuneTrainer
     from plelab.parallel.engine import from_environment
@@ -119,7 +128,7 @@ def finetune_base(folder: str, base: str | None) -> str | None:
 
 def run_memory(args: argparse.Namespace) -> int:
     """`plelab train-memory --finetune PATH`: one device's memory for a LoRA fine-tune, table on disk vs on device."""
-    from plelab.hf.finetune.config import FinetuneConfig, model_config_of
+    from plelab.hf.finetune.config import FinetuneConfig, fit_seq_len, model_config_of
     from plelab.hf.finetune.memory import PUBLIC_REPORT, CheckpointShape, FinetuneMemoryRequest, finetune_memory, gib
     from plelab.training.memory import GiB
     from plelab.util.dataclass_config import apply_overrides, from_dict, read_file, to_dict
@@ -128,7 +137,7 @@ def run_memory(args: argparse.Namespace) -> int:
     data = apply_overrides(read_file(args.config) if args.config else {}, args.overrides)
     if "model" in data or "tokenizer" in data:
         raise PlelabError("model and tokenizer come from the checkpoint (--finetune PATH); do not set them")
-    cfg = from_dict(FinetuneConfig, {**data, "model": to_dict(model_config_of(shape))})
+    cfg = from_dict(FinetuneConfig, fit_seq_len({**data, "model": to_dict(model_config_of(shape))}))
     req = FinetuneMemoryRequest(shape, cfg.finetune, cfg.batch_size, cfg.context, cfg.dtype != "fp32",
                        args.activation_checkpointing or cfg.activation_checkpointing, args.touched_rows,
                        args.overhead_gb * GiB, args.gpu_memory)

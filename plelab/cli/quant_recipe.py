@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--formats", help="comma-separated formats to measure (default: fp16,int8/32,int8/128,int4/32,"
                                      "int4/128,f16,q8_0,q6_k,q5_k,q4_k,q4_0,q3_k,q2_k)")
     p.add_argument("--tokens", type=options.positive_int, default=2048, help="held-out tokens per domain (2048)")
-    p.add_argument("--seq-len", type=options.positive_int, default=128, help="window length (128)")
+    p.add_argument("--seq-len", type=options.positive_int,
+                   help="window length (default 128, or the model's context when shorter)")
     p.add_argument("--batch-size", type=options.positive_int, default=8, help="windows per forward pass (8)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
     p.add_argument("--no-export", action="store_true", help="measure and choose only")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plelab.cli.common import add_command, add_set_flag
 from plelab.errors import PlelabError
-from plelab.runs.run_dir import CONFIG_FILE, HISTORY_FILE, RESUMABLE_FIELDS
+from plelab.runs.run_dir import CONFIG_FILE, HISTORY_FILE, RESUMABLE_FIELDS, holds_run
 from plelab.training.config import load_train_config
 
 # How long a non-reporting rank waits, after a user error, for rank 0 to print it and exit (see `run`).
@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its newest intact checkpoint (--out must hold a run)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a different run (or other files) already in --out instead of refusing")
+                   help="replace a different plelab run in --out instead of refusing (other files are kept; a "
+                   "folder holding a config.json that is not a run's, e.g. a model's, is refused)")
     p.add_argument("--init-from-hf", metavar="PATH",
                    help="start from a local Hugging Face Gemma 4 folder: its config.json replaces the config's "
                    "[model] (arch=gemma4), its safetensors weights the random initialisation (sets init_from_hf; "
@@ -80,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.resume and args.overwrite:
         raise PlelabError("--resume continues the run in --out and --overwrite replaces it: give one of them")
-    if args.resume and not (out / CONFIG_FILE).is_file():
+    if args.resume and not holds_run(out):
         what = "does not exist" if not out.exists() else "holds no plelab run"
         raise PlelabError(f"--resume: {out} {what}; check --out, or drop --resume to start a new run")
     if args.config:

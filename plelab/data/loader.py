@@ -15,11 +15,15 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from plelab.data.sources import DataError
+
+if TYPE_CHECKING:
+    from plelab.data.tokenizer import Tokenizer
 
 LOADER_STATE_VERSION = 1
 
@@ -45,6 +49,15 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def is_prepared_dataset(path: str | Path) -> bool:
+    """Whether `path` is a folder `plelab data prepare` wrote (its manifest is readable)."""
+    try:
+        read_manifest(path)
+    except DataError:
+        return False
+    return True
+
+
 class TokenDataset:
     """One split (`train` or `val`) of a prepared dataset as a random-access token stream over memmapped shards."""
 
@@ -55,9 +68,11 @@ class TokenDataset:
         *,
         vocab_size: int | None = None,
         tokenizer_sha256: str | None = None,
+        tokenizer: Tokenizer | None = None,
     ):
         self.path = Path(path)
         self.split = split
+        self._tokenizer_checked: Path | None = None
         self.manifest = read_manifest(self.path)
         splits = self.manifest["splits"]
         if split not in splits:
@@ -74,7 +89,7 @@ class TokenDataset:
         if self.max_token_id >= self.vocab_size_data:
             raise DataError(f"{path}: split {split!r} holds token id {self.max_token_id} but its tokenizer has only "
                             f"{self.vocab_size_data} ids (corrupt dataset)")
-        self.check_compatible(vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256)
+        self.check_compatible(vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, tokenizer=tokenizer)
         self.vocab_limit = vocab_size if vocab_size is not None else self.vocab_size_data
         """Ids must lie below this (the model's vocabulary when given, else the tokenizer's): BatchLoader checks."""
         dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
@@ -92,8 +107,17 @@ class TokenDataset:
         # Identity of this split's content (from the shard checksums): a resumed loader must see the same data.
         self.fingerprint = hashlib.sha256("".join(sh["sha256"] for sh in info["shards"]).encode()).hexdigest()
 
-    def check_compatible(self, *, vocab_size: int | None = None, tokenizer_sha256: str | None = None) -> None:
-        """Raise VocabMismatchError unless the data fits a model with this vocabulary / tokenizer hash."""
+    def check_compatible(self, *, vocab_size: int | None = None, tokenizer_sha256: str | None = None,
+                         tokenizer: Tokenizer | None = None) -> None:
+        """Raise VocabMismatchError unless the data fits a model with this vocabulary / tokenizer hash / tokenizer
+        (one that tokenizes as the data's did, though its file differs: re-saved by transformers, say)."""
+        if tokenizer is not None and tokenizer.sha256 != self.tokenizer_sha256:
+            from plelab.data.tokenizer import Tokenizer, tokenizer_difference
+
+            diff = tokenizer_difference(Tokenizer.load(self.tokenizer_path), tokenizer)
+            if diff:
+                raise VocabMismatchError(f"tokenizer/model mismatch: {self.path} was tokenized with another tokenizer "
+                                         f"than the model's ({diff}); prepare the data with the model's tokenizer")
         if tokenizer_sha256 is not None and tokenizer_sha256 != self.tokenizer_sha256:
             raise VocabMismatchError(
                 f"tokenizer/model vocab mismatch: {self.path} was tokenized with tokenizer "
@@ -107,8 +131,20 @@ class TokenDataset:
 
     @property
     def tokenizer_path(self) -> Path:
-        """The tokenizer.json the data was prepared with (pass it on to checkpoints)."""
-        return self.path / self.manifest["tokenizer"].get("file", "tokenizer.json")
+        """The tokenizer.json the data was prepared with (pass it on to checkpoints), checked once against the
+        hash the manifest records: a tokenizer.json replaced since would ship a tokenizer the ids do not mean."""
+        path = self.path / self.manifest["tokenizer"].get("file", "tokenizer.json")
+        if self._tokenizer_checked != path:
+            from plelab.data.tokenizer import Tokenizer
+
+            found = Tokenizer.load(path).sha256
+            if found != self.tokenizer_sha256:
+                raise VocabMismatchError(
+                    f"{path} is not the tokenizer {self.path} was prepared with (sha256 {found[:12]}, the manifest "
+                    f"records {self.tokenizer_sha256[:12]}): it was replaced; put it back, or prepare the data "
+                    "again with the new tokenizer")
+            self._tokenizer_checked = path
+        return path
 
     def __len__(self) -> int:
         return self.tokens_total

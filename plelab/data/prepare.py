@@ -199,15 +199,20 @@ def resolve_tokenizer(
     max_bytes: int | None = DEFAULT_TOKENIZER_SAMPLE,
     options: SourceOptions | None = None,
     show_progress: bool = False,
-    kind: str = "byte-level",
+    kind: str | None = None,
 ) -> Tokenizer:
     """Load `spec` (a tokenizer.json or folder holding one); `byte` = the byte tokenizer; a missing file is trained
-    (a BPE of `kind`) on `inputs` and saved there when `vocab_size` is given."""
+    (a BPE of `kind`, default byte-level) on `inputs` and saved there when `vocab_size` is given. An existing
+    tokenizer of another `kind` than the one asked for is refused (it would be used instead, without a word)."""
     p = Path(spec)
     if str(spec) == "byte" and not p.exists():
         return Tokenizer.byte_level()
     if p.exists():
         tok = Tokenizer.load(p)
+        if kind is not None and tok.kind != kind:
+            raise DataError(f"{spec} exists and is a {tok.kind} tokenizer, not {kind}: --tokenizer-kind chooses what "
+                            "is trained when the file is missing; give a new --tokenizer path, or drop "
+                            "--tokenizer-kind to use this one")
         if vocab_size is not None and vocab_size != tok.vocab_size:
             log.warning("%s exists (vocab %d); --vocab-size %d ignored", p, tok.vocab_size, vocab_size)
         return tok
@@ -218,7 +223,7 @@ def resolve_tokenizer(
         raise DataError(f"{spec}: tokenizer not found and no inputs to train one on")
     t0 = time.perf_counter()
     tok = train_tokenizer(inputs, vocab_size, max_bytes=max_bytes, options=options, show_progress=show_progress,
-                          kind=kind)
+                          kind=kind or "byte-level")
     tok.save(p)
     log.info("trained a %d-token BPE in %.1f s -> %s", tok.vocab_size, time.perf_counter() - t0, p)
     return tok

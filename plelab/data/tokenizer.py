@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
@@ -50,6 +51,19 @@ _SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+
+TRAIN_RUN_CHARS = 256
+"""Longest run of non-space characters tokenizer training sees whole; longer runs are cut (for training only)
+with a newline, a boundary every kind's pre-tokenizer keeps. BPE training is quadratic in the length of a word,
+so one unbroken 2 MB line took minutes; no useful token is this long (SentencePiece caps pieces at 16)."""
+_LONG_RUN = re.compile(rf"\S{{{TRAIN_RUN_CHARS}}}(?=\S)")
+
+
+def bounded_runs(texts: Iterable[str]) -> Iterator[str]:
+    """`texts` with every run of non-space characters longer than TRAIN_RUN_CHARS cut by newlines."""
+    for text in texts:
+        yield _LONG_RUN.sub(lambda m: m.group(0) + "\n", text)
 
 
 class TokenizerError(PlelabError):
@@ -100,6 +114,53 @@ def tokenizer_kind(json_text: str) -> str:
     if "ByteLevel" in json.dumps(d.get("pre_tokenizer")) or decoder.get("type") == "ByteLevel":
         return "byte-level"
     return "other"
+
+
+TOKENIZING_PARTS = ("model", "normalizer", "pre_tokenizer", "decoder", "added_tokens")
+"""The parts of a tokenizer.json that decide the ids of a text (plelab encodes without special tokens, so the
+post-processor, padding and truncation do not; transformers adds an empty post-processor when it saves one)."""
+PROBE_TEXT = ("Once upon a time, 42 foxes ran 3.5 km!\n\tdef f(x):  return x ** 2\n\n"
+              f"Café naïve 日本語 🦊 {EOT} <pad> <eos> ▁end")
+"""Text whose ids two tokenizers must agree on to count as the same: words, digits, whitespace runs, code,
+non-ASCII, emoji (bytes outside most vocabularies) and special-token spellings."""
+
+
+def tokenizer_difference(a: Tokenizer, b: Tokenizer) -> str | None:
+    """None when `a` and `b` tokenize alike (the same bytes, or the same `TOKENIZING_PARTS` and the same ids for
+    `PROBE_TEXT`), else what differs, in words."""
+    if a.sha256 == b.sha256:
+        return None
+    da, db = json.loads(a.to_json()), json.loads(b.to_json())
+    for part in TOKENIZING_PARTS:
+        pa, pb = _canonical(part, da.get(part)), _canonical(part, db.get(part))
+        if pa != pb:
+            return f"their {part.replace('_', '-')} differs{_part_detail(part, pa, pb)}"
+    if a.encode(PROBE_TEXT) != b.encode(PROBE_TEXT):
+        return "they give a probe text different ids"
+    return None
+
+
+def _canonical(part: str, value):
+    """A part as compared: BPE merges as pairs (the file spells them "a b" or ["a", "b"] by version)."""
+    if part == "model" and isinstance(value, dict) and isinstance(value.get("merges"), list):
+        value = {**value, "merges": [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))
+                                     for m in value["merges"]]}
+    return value
+
+
+def _part_detail(part: str, a, b) -> str:
+    if part == "model" and isinstance(a, dict) and isinstance(b, dict):
+        va, vb = a.get("vocab") or {}, b.get("vocab") or {}
+        if len(va) != len(vb):
+            return f" ({len(va):,} against {len(vb):,} vocabulary entries)"
+        if va != vb:
+            token = next(t for t in va if vb.get(t) != va[t])
+            return f" (the token {token!r} has id {va[token]} against {vb.get(token)})"
+        if a.get("merges") != b.get("merges"):
+            return " (the same vocabulary, other merges)"
+    if part == "added_tokens" and isinstance(a, list) and isinstance(b, list):
+        return f" ({len(a)} against {len(b)} added tokens)" if len(a) != len(b) else ""
+    return ""
 
 
 class Tokenizer:
@@ -161,7 +222,7 @@ class Tokenizer:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=show_progress,
         )
-        tok.train_from_iterator(texts, trainer=trainer)
+        tok.train_from_iterator(bounded_runs(texts), trainer=trainer)
         return cls(tok)
 
     @classmethod
@@ -188,7 +249,7 @@ class Tokenizer:
             # Rare characters are left to the byte fallback, as SentencePiece's character coverage does.
             limit_alphabet=max(1, min(1000, (learned - len(specials)) // 2)),
         )
-        trainer_tok.train_from_iterator(texts, trainer=trainer)
+        trainer_tok.train_from_iterator(bounded_runs(texts), trainer=trainer)
         trained = json.loads(trainer_tok.to_str())["model"]
         order = sorted(trained["vocab"].items(), key=lambda kv: kv[1])
         vocab = {t: i for i, t in enumerate(specials + list(_GEMMA_BYTES))}

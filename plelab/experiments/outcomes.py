@@ -29,6 +29,11 @@ def study_outcomes(source: str | Path) -> dict[str, Any]:
             raise PlelabError(f"{path} keeps no analysis-plan inputs (a report written before plans were recorded)")
         inputs = rec["plan_inputs"]
     elif path.is_dir():
+        from plelab.experiments.sweep import DB_FILE
+
+        if not (path / DB_FILE).is_file():
+            raise PlelabError(f"{path} is not a sweep folder (it has no {DB_FILE}); give a folder `plelab sweep` "
+                              "wrote, or a records.json `plelab report` wrote")
         inputs = plan_inputs(path)
     else:
         raise PlelabError(f"{path}: no such sweep folder or records file")

@@ -283,6 +283,27 @@ def register_plan(store: Any, plan: AnalysisPlan, source: str) -> dict[str, Any]
     return record
 
 
+def check_plan_fits(plan: AnalysisPlan, points: Sequence[dict[str, Any]]) -> None:
+    """Refuse (one line) a plan whose test selects no run of the sweep (`points`: each run's grid values, its
+    variant included): its test would have no seeds however long the sweep runs."""
+    selections = [(c.name, "arm", c.variant, c.where) for c in plan.comparisons]
+    selections += [(c.name, "reference", c.reference, c.reference_where) for c in plan.comparisons]
+    selections += [(d.name, "runs", "", d.where) for d in plan.dose_responses]
+    for name, role, variant, where in selections:
+        if not any(_matches(p, variant, where) for p in points):
+            wanted = ", ".join([f"variant {variant!r}"] * bool(variant) + [f"where {where}"] * bool(where))
+            variants = sorted({str(p["variant"]) for p in points if p.get("variant")}) or ["none"]
+            keys = sorted({k for p in points for k in p if k != "variant"})
+            raise PlelabError(f"plan test {name}: no run of this sweep is its {role} ({wanted}; the sweep's "
+                              f"variants: {', '.join(variants)}; grid keys: {', '.join(keys)}); fix the plan before "
+                              "it is registered")
+    for d in plan.dose_responses:
+        doses = {p.get(d.dose) for p in points if _matches(p, "", d.where)}
+        if len(doses - {None}) < 2:
+            raise PlelabError(f"plan test {d.name}: the sweep's runs take {len(doses - {None})} value(s) of the "
+                              f"dose {d.dose}; a dose-response needs two or more")
+
+
 def registered_plan(store: Any) -> dict[str, Any] | None:
     """The registration record in a sweep database, or None."""
     return store.meta().get(PLAN_META)

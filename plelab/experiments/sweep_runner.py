@@ -304,9 +304,11 @@ def prepare(sweep: Sweep, restart_changed: bool = False) -> tuple[SweepStore, li
 
     Returns the store and messages for the user; nothing is written before the config check passes.
     """
-    from plelab.experiments.plan import load_plan, register_plan
+    from plelab.experiments.plan import check_plan_fits, load_plan, register_plan
 
     plan = load_plan(sweep.options.plan) if sweep.options.plan else None  # a bad plan file: refused before any write
+    if plan is not None:
+        check_plan_fits(plan, [p.values for p in sweep.points])
     sweep.folder.mkdir(parents=True, exist_ok=True)
     store = SweepStore(sweep.db_path)
     try:

@@ -9,12 +9,14 @@ with config.json are each one HFCheckpointError line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from plelab.errors import PlelabError
+from plelab.util.fs import sampled_sha256
 from plelab.util.safetensors import TensorInfo, read_header
 
 FAMILIES = {"gemma3n": "gemma3n", "gemma3n_text": "gemma3n", "gemma4": "gemma4", "gemma4_text": "gemma4"}
@@ -32,13 +34,18 @@ def read_config(path: str | Path) -> dict[str, Any]:
     f = Path(path) / "config.json"
     if not f.is_file():
         raise HFCheckpointError(f"{path}: no config.json (not a Hugging Face model folder)")
+    return read_json_object(f)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object (a folder's config files); not JSON or not an object: one error line."""
     try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise HFCheckpointError(f"{f}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise HFCheckpointError(f"{f}: not a JSON object")
-    return cfg
+        raise HFCheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise HFCheckpointError(f"{path}: not a JSON object")
+    return data
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -126,6 +133,14 @@ class HFCheckpoint:
                 f"{root}: config/weights mismatch: {tables[0]} has shape {ckpt.table.shape}, config.json implies "
                 f"{want} (vocab_size_per_layer_input, num_hidden_layers x hidden_size_per_layer_input)")
         return ckpt
+
+    def fingerprint(self) -> str:
+        """A hash of config.json and of every weight shard (`sampled_sha256`: a few MB read even for GBs), so a
+        run can tell that its base folder now holds other weights of the same shape."""
+        h = hashlib.sha256((self.path / "config.json").read_bytes())
+        for shard in _shard_files(self.path):
+            h.update(f"{shard.name}:{sampled_sha256(shard)}".encode())
+        return h.hexdigest()
 
     @property
     def table(self) -> TensorInfo:

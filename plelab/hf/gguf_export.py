@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from plelab.errors import PlelabError
-from plelab.hf.gguf_types import GGUFType, check_fits, gguf_type, quantize
-from plelab.hf.tensor_groups import group_of
+from plelab.hf.gguf_types import GGUFType, check_fits, fitting_type, gguf_type, quantize
+from plelab.hf.tensor_groups import GROUPS, group_of
 
 ARCH = "gemma4"
 CHUNK_BYTES = 8 << 20
@@ -82,13 +82,16 @@ def run_source(run: str | Path) -> Gemma4Source:
     """A plelab arch = "gemma4" run (its newest intact checkpoint) as a GGUF source; the model is in memory."""
     from plelab.hf.interop import hf_gemma4_state_dict
     from plelab.inference.load import checkpoint_tokenizer, load_model
+    from plelab.runs.checkpoint import reading_checkpoint
 
-    model, _ = load_model(run)
-    cfg = model.config
-    if cfg.arch != "gemma4":
-        raise GGUFExportError(f"{run} is an arch={cfg.arch!r} model; llama.cpp's Gemma 4 graph needs a model trained "
-                              "with model.arch=gemma4 (the .ple runtimes run the llama-style one: plelab export)")
-    tok = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
+    with reading_checkpoint(run) as ckpt:  # a run still training cannot prune it while it is read
+        model, _ = load_model(ckpt)
+        cfg = model.config
+        if cfg.arch != "gemma4":
+            raise GGUFExportError(f"{run} is an arch={cfg.arch!r} model; llama.cpp's Gemma 4 graph needs a model "
+                                  "trained with model.arch=gemma4 (the .ple runtimes run the llama-style one: plelab "
+                                  "export)")
+        tok = checkpoint_tokenizer(ckpt, cfg.vocab_size)
     tensors = []
     for name, value in hf_gemma4_state_dict(model).items():
         t = value.detach().float().cpu()
@@ -165,12 +168,25 @@ class TypePlan:
     def type_for(self, gguf_tensor: str, hf_tensor: str) -> GGUFType:
         """The type of one matrix (the last matching override wins)."""
         chosen = self.default
-        group = group_of(hf_tensor)
-        base = gguf_tensor.removesuffix(".weight")
         for pattern, type_name in self.overrides:
-            if pattern == group or re.fullmatch(pattern, gguf_tensor) or re.fullmatch(pattern, base):
+            if self.matches(pattern, gguf_tensor, hf_tensor):
                 chosen = type_name
         return gguf_type(chosen)
+
+    @staticmethod
+    def matches(pattern: str, gguf_tensor: str, hf_tensor: str) -> bool:
+        """Whether an override's PATTERN (a group name or a regex on the GGUF name) selects this matrix."""
+        return (pattern == group_of(hf_tensor) or re.fullmatch(pattern, gguf_tensor) is not None
+                or re.fullmatch(pattern, gguf_tensor.removesuffix(".weight")) is not None)
+
+    def check_all_match(self, matrices: list[tuple[str, str]]) -> None:
+        """Refuse an override that selects none of `matrices` ((GGUF name, HF name) pairs): a mistyped group
+        would otherwise leave its tensors at the default type without a word."""
+        for pattern, type_name in self.overrides:
+            if not any(self.matches(pattern, g, h) for g, h in matrices):
+                raise GGUFExportError(f"--tensor-type {pattern}={type_name} matches no matrix of this model; give a "
+                                      f"group ({', '.join(GROUPS)}) or a regular expression on llama.cpp's names "
+                                      f"(e.g. {matrices[0][0] if matrices else 'blk.0.ffn_down.weight'})")
 
     @classmethod
     def parse(cls, default: str, overrides: list[str] | None) -> TypePlan:
@@ -199,6 +215,8 @@ class PlannedTensor:
     type: GGUFType
     values: np.ndarray | None = None
     """For generated tensors (rope_freqs): the float32 values."""
+    wanted: str | None = None
+    """The type asked for, when it could not hold the rows and `type` is its fallback (see fitting_type)."""
 
     @property
     def row(self) -> int:
@@ -257,21 +275,26 @@ def check_llama_cpp_layout(cfg) -> None:
             f"{kinds[max(0, first - 2):first]}")
 
 
-def plan_tensors(source: Gemma4Source, plan: TypePlan) -> list[PlannedTensor]:
-    """Every tensor with its GGUF name and type; a type that cannot hold a tensor's rows is one error."""
+def plan_tensors(source: Gemma4Source, plan: TypePlan, strict: bool = False) -> list[PlannedTensor]:
+    """Every tensor with its GGUF name and type. A type that cannot hold a tensor's rows falls back as llama.cpp's
+    quantizer does (`fitting_type`, noted in the tensor's `wanted`), or with `strict` is one error."""
     cfg = source.config
     check_llama_cpp_layout(cfg)
     out = []
     if "full_attention" in cfg.layer_types:
         out.append(PlannedTensor("rope_freqs.weight", None, gguf_type("f32"), rope_freqs(cfg)))
+    matrices = [(gguf_name(t.name, cfg.num_layers), t.name) for t in source.tensors if len(t.shape) > 1]
+    plan.check_all_match(matrices)
     for t in source.tensors:
         name = gguf_name(t.name, cfg.num_layers)
         if len(t.shape) <= 1:
             out.append(PlannedTensor(name, t, gguf_type("f32")))
             continue
         kind = plan.type_for(name, t.name)
-        check_fits(kind, name, t.shape)
-        out.append(PlannedTensor(name, t, kind))
+        if strict:
+            check_fits(kind, name, t.shape)
+        used = fitting_type(kind, t.shape[-1])
+        out.append(PlannedTensor(name, t, used, wanted=kind.name if used != kind else None))
     return out
 
 
@@ -389,12 +412,23 @@ def _special_ids(tok, folder: Path | None) -> set[int]:
     named = {i for i in (tok.eot_id, tok.pad_id, tok.token_to_id("<unk>")) if i is not None}
     try:
         if folder is not None:
-            from transformers import AutoTokenizer
-
-            return named | set(AutoTokenizer.from_pretrained(folder, local_files_only=True).all_special_ids)
+            return named | folder_special_ids(folder)
         return named | set(tok.to_hf().all_special_ids)
     except ImportError:
         return named
+
+
+def folder_special_ids(folder: Path) -> set[int]:
+    """The ids transformers calls special in a Hugging Face folder (from its tokenizer files); a folder whose
+    tokenizer transformers cannot read (a corrupt tokenizer_config.json, say) is one GGUFExportError."""
+    from transformers import AutoTokenizer
+
+    try:
+        return set(AutoTokenizer.from_pretrained(folder, local_files_only=True).all_special_ids)
+    except Exception as exc:  # json, OSError, ValueError, ...: transformers raises many kinds for a bad file
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise GGUFExportError(f"{folder}: transformers cannot read its tokenizer ({type(exc).__name__}: {why}); check "
+                              "tokenizer_config.json and tokenizer.json") from None
 
 
 def _add_vocab_keys(w, v: Vocab) -> None:
@@ -427,11 +461,13 @@ class GGUFResult:
     tensors: int
     types: dict[str, int]
     group_bytes: dict[str, int]
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    """Tensors written in another type than asked, because its blocks do not divide their rows."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready summary."""
         return {"path": str(self.path), "file_bytes": self.file_bytes, "tensors": self.tensors, "types": self.types,
-                "group_bytes": self.group_bytes}
+                "group_bytes": self.group_bytes, "fallbacks": self.fallbacks}
 
 
 def _chunks(t: PlannedTensor) -> Iterator[np.ndarray]:
@@ -481,7 +517,7 @@ def write_gguf(source: Gemma4Source, out: str | Path, plan: TypePlan, tensors: l
             w.write_padding(f, f.tell())
             written = 0
             for chunk in _chunks(t):
-                chunk.tofile(f)
+                f.write(np.ascontiguousarray(chunk).data)  # not tofile: its OSError on a full disk has no errno
                 written += chunk.nbytes
             if written != t.nbytes:
                 raise GGUFExportError(f"{t.gguf}: wrote {written} bytes, expected {t.nbytes}")
@@ -493,13 +529,15 @@ def write_gguf(source: Gemma4Source, out: str | Path, plan: TypePlan, tensors: l
         types[t.type.name] = types.get(t.type.name, 0) + 1
         g = group_of(t.source.name) if t.source is not None else "other"
         groups[g] = groups.get(g, 0) + t.nbytes
-    return GGUFResult(out, size, len(tensors), types, groups)
+    fallbacks = [{"tensor": t.gguf, "wanted": t.wanted, "used": t.type.name, "row": t.row} for t in tensors if t.wanted]
+    return GGUFResult(out, size, len(tensors), types, groups, fallbacks)
 
 
 def export_gguf(source_path: str | Path, out: str | Path, type_name: str = "f16",
                 overrides: list[str] | None = None, hf: bool = False, overwrite: bool = False,
-                progress: Callable[[str], None] | None = None) -> GGUFResult:
-    """`plelab export-gguf`: a run (or, with `hf`, an HF Gemma 4 folder) to a GGUF at `out`; checks come first."""
+                progress: Callable[[str], None] | None = None, strict: bool = False) -> GGUFResult:
+    """`plelab export-gguf`: a run (or, with `hf`, an HF Gemma 4 folder) to a GGUF at `out`; checks come first.
+    strict: refuse a type that cannot hold a tensor's rows instead of falling back (see plan_tensors)."""
     from plelab.edge.export import export_inputs
     from plelab.hf.ple_export import hf_export_inputs
     from plelab.util.fs import check_output_path
@@ -507,10 +545,7 @@ def export_gguf(source_path: str | Path, out: str | Path, type_name: str = "f16"
     plan = TypePlan.parse(type_name, overrides)
     inputs = hf_export_inputs(source_path) if hf else export_inputs(source_path)
     out = check_output_path(out, overwrite=overwrite, inputs=inputs)
-    for item in inputs:  # never inside an input folder either
-        if Path(item).is_dir() and Path(item).resolve() in Path(out).resolve().parents:
-            raise GGUFExportError(f"output {out} is inside the input folder {item}; write it elsewhere")
     source = hf_source(source_path) if hf else run_source(source_path)
-    tensors = plan_tensors(source, plan)
+    tensors = plan_tensors(source, plan, strict)
     vocab_from_tokenizer(source.tokenizer_json, source.config.vocab_size, source.folder)  # refused before writing
     return write_gguf(source, out, plan, tensors, progress)

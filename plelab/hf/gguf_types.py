@@ -87,7 +87,23 @@ def check_fits(t: GGUFType, tensor: str, shape: tuple[int, ...]) -> None:
     if not t.fits(row):
         raise GGUFTypeError(
             f"{tensor} has rows of {row} values, not a multiple of {t.name}'s block of {t.block}: llama.cpp cannot "
-            f"load it as {t.name} (choose another --type, or override it with --tensor-type {tensor}=q8_0 / f16)")
+            f"load it as {t.name} (choose another --type, override it with --tensor-type {tensor}=q8_0 / f16, or "
+            "drop --strict-types to let it fall back)")
+
+
+FALLBACK = {"q2_k": "iq4_nl", "q3_k": "iq4_nl", "iq4_xs": "iq4_nl", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+"""The type llama.cpp's quantizer (llama-quantize) uses for a k-quant whose 256-value blocks do not divide a row:
+one of the 32-value blocks, at about the same bits; when that does not divide the row either, it writes f16."""
+
+
+def fitting_type(t: GGUFType, row: int) -> GGUFType:
+    """`t` when it can store rows of `row` values, else llama.cpp's fallback for it (FALLBACK, then f16)."""
+    if t.fits(row):
+        return t
+    nearer = FALLBACK.get(t.name)
+    if nearer is not None and gguf_type(nearer).fits(row):
+        return gguf_type(nearer)
+    return gguf_type("f16")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -140,8 +140,9 @@ class HFTextModel:
 
 def text_model_skeleton(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu", attn_implementation: str = "eager") -> nn.Module:
-    """The checkpoint's *ForCausalLM with uninitialised weights in `dtype` on `device` and a one-row PLE table
-    (the real table stays on disk); device "meta" allocates nothing, e.g. to list module names."""
+    """The checkpoint's *ForCausalLM with uninitialised weights in `dtype` on `device`, its output head tied to the
+    embedding when the config says so, and a one-row PLE table (the real table stays on disk); device "meta"
+    allocates nothing, e.g. to list module names or count parameters."""
     model_cls, config_cls = _classes(ckpt.family)
     from transformers.initialization import no_init_weights
 
@@ -162,6 +163,8 @@ def text_model_skeleton(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32,
     finally:
         torch.set_default_dtype(default)
         cfg.vocab_size_per_layer_input, cfg.pad_token_id = real_rows, pad
+    if getattr(cfg, "tie_word_embeddings", True):  # no_init_weights also skips transformers' tying
+        lm.lm_head.weight = lm.model.embed_tokens.weight
     return lm
 
 
@@ -173,9 +176,7 @@ def load_text_model(ckpt: HFCheckpoint, dtype: torch.dtype = torch.float32, devi
     "sdpa" (no T x T attention matrix kept for backward: what fine-tuning uses)."""
     lm = text_model_skeleton(ckpt, dtype, device, attn_implementation)
     cfg = lm.config
-    tied = bool(getattr(cfg, "tie_word_embeddings", True))
-    if tied:  # no_init_weights also skips transformers' tying
-        lm.lm_head.weight = lm.model.embed_tokens.weight
+    tied = bool(getattr(cfg, "tie_word_embeddings", True))  # tied by the skeleton: one tensor, read once
     lm.to(dtype).eval().requires_grad_(False)
     missing, used = [], {TABLE_SUFFIX}
     state = lm.state_dict(keep_vars=True)

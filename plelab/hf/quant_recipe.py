@@ -67,11 +67,19 @@ def held_out(path: str | Path, model: RecipeModel, tokens: int, seq_len: int) ->
     p = Path(path)
     if not p.exists():
         raise RecipeError(f"{path}: no such file or folder (give held-out .txt domains or a .npy of token ids)")
+    if model.context and seq_len > model.context:
+        raise RecipeError(f"--seq-len {seq_len} is longer than the model's context ({model.context} tokens); "
+                          f"give at most {model.context}")
     if p.suffix == ".npy":
         try:
-            streams = {p.stem: np.asarray(np.load(p, mmap_mode="r")).reshape(-1)}
+            ids = np.asarray(np.load(p, mmap_mode="r")).reshape(-1)
         except (ValueError, OSError) as exc:
             raise RecipeError(f"{p}: not a readable .npy token array ({exc})") from None
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise RecipeError(f"{p}: holds {ids.dtype} values; token ids are integers (save them as int32/int64)")
+        if len(ids) and int(ids.min()) < 0:
+            raise RecipeError(f"{p}: holds token id {int(ids.min())}; ids are 0 or more")
+        streams = {p.stem: ids}
         how = "token ids as given"
     else:
         if model.tokenizer is None:
@@ -294,10 +302,40 @@ def choose(table: dict[str, dict[str, Any]], formats: list[Format], budget: int)
         if not front:
             smallest = sum(min(c["bytes"] for f, c in r.items() if f in names and c.get("bytes"))
                            for r in table.values())
-            raise RecipeError(f"the budget of {budget:,} bytes is below the smallest recipe of these formats "
-                              f"({smallest:,} bytes of weights in the chosen groups)")
+            raise BudgetTooSmall(f"the budget of {budget:,} bytes is below the smallest recipe of these formats "
+                                 f"({smallest:,} bytes of weights in the chosen groups)", smallest)
     b, k, pick = front[-1]
     return pick, b, k
+
+
+class BudgetTooSmall(RecipeError):
+    """No combination of the formats fits the budget; `smallest`: the bytes the smallest one takes."""
+
+    def __init__(self, message: str, smallest: int):
+        super().__init__(message)
+        self.smallest = smallest
+
+
+BUDGET_FLAGS = {"ple": "--budget", "gguf": "--gguf-budget"}
+"""The option that sets each family's budget (named in its messages)."""
+
+
+def fit_budget(table: dict[str, dict[str, Any]], formats: list[Format], family: str, text: str,
+               fixed: int) -> tuple[dict[str, str], int, float, int, str]:
+    """(format per group, its bytes, its summed KL, the groups' budget, the budget's description) of the best
+    recipe of `family`'s `formats` within the budget `text`; `fixed`: the bytes kept unquantized. A budget no
+    recipe meets is one line saying, in the option's own terms, what the smallest recipe takes."""
+    flag = BUDGET_FLAGS[family]
+    budget, desc = parse_budget(text, table, fixed, flag)
+    try:
+        pick, nbytes, summed = choose(table, formats, budget)
+    except BudgetTooSmall as exc:
+        names = ", ".join(f.name for f in formats)
+        raise RecipeError(f"{flag} {text} is below the smallest recipe of {names}: it takes "
+                          f"{exc.smallest + fixed:,} bytes of weights ({exc.smallest:,} in the quantized groups + "
+                          f"{fixed:,} kept unquantized), the budget allows {budget + fixed:,}; give at least "
+                          f"{exc.smallest + fixed:,} or a smaller format") from None
+    return pick, nbytes, summed, budget, desc
 
 
 def uniform(table: dict[str, dict[str, Any]], fmt: Format) -> tuple[dict[str, str], int] | None:
@@ -308,9 +346,10 @@ def uniform(table: dict[str, dict[str, Any]], fmt: Format) -> tuple[dict[str, st
     return {g: fmt.name for g in table}, sum(c["bytes"] for c in cells)
 
 
-def parse_budget(text: str, table: dict[str, dict[str, Any]], fixed: int) -> tuple[int, str]:
+def parse_budget(text: str, table: dict[str, dict[str, Any]], fixed: int, flag: str = "--budget"
+                 ) -> tuple[int, str]:
     """(weight bytes of the chosen groups, description) from '12M' / '3.5MB' (whole weights, fixed part included)
-    or a format name (the bytes that format takes uniformly)."""
+    or a format name (the bytes that format takes uniformly); `flag` names the option in messages."""
     from plelab.util.units import parse_size
 
     try:
@@ -320,17 +359,23 @@ def parse_budget(text: str, table: dict[str, dict[str, Any]], fixed: int) -> tup
     if fmt is not None:
         u = uniform(table, fmt)
         if u is None:
-            raise RecipeError(f"budget {text}: {fmt.name} cannot hold every group of this model")
+            if not any(fmt.name in row for row in table.values()):
+                measured = sorted({f for row in table.values() for f in row})
+                raise RecipeError(f"{flag} {text}: {fmt.name} is not among the formats measured "
+                                  f"({', '.join(measured)}); add it to --formats or give a size")
+            holds_not = [g for g, row in table.items() if not (row.get(fmt.name) or {}).get("bytes")]
+            raise RecipeError(f"{flag} {text}: {fmt.name} cannot hold the group(s) {', '.join(holds_not)} of this "
+                              "model (their rows do not divide into its blocks); give a size or another format")
         return u[1], f"the bytes of uniform {fmt.name} ({u[1] + fixed:,} B of weights)"
     try:
         total = parse_size(text)
     except PlelabError as exc:
-        raise RecipeError(f"--budget: {exc} (or a format name such as int4/128 or q4_0)") from None
+        raise RecipeError(f"{flag}: {exc} (or a format name such as int4/128 or q4_0)") from None
     if total is None:
-        raise RecipeError("--budget must be a size or a format name")
+        raise RecipeError(f"{flag} must be a size (e.g. 12M, 3.5GB) or a format name (e.g. int4/128, q4_0)")
     if total <= fixed:
-        raise RecipeError(f"the budget of {total:,} bytes is below the smallest recipe: the unquantized norms and "
-                          f"other weights alone take {fixed:,} bytes")
+        raise RecipeError(f"{flag} {text} ({total:,} bytes of weights) is below what the norms and other weights "
+                          f"kept unquantized take alone ({fixed:,} bytes)")
     return total - fixed, f"{total:,} B of weights"
 
 
@@ -359,8 +404,7 @@ def make_recipe(measurer: Measurer, table: dict[str, dict[str, Any]], formats: l
     if not fam:
         raise RecipeError(f"no {family} format among the measured ones")
     fixed = fixed_bytes(measurer.model, family)
-    budget, desc = parse_budget(budget_text, table, fixed)
-    pick, nbytes, summed = choose(table, fam, budget)
+    pick, nbytes, summed, budget, desc = fit_budget(table, fam, family, budget_text, fixed)
     measured = measurer.measure({g: parse_format(f) for g, f in pick.items()}, windows=True)
     out_baselines = {}
     for name in baselines:

@@ -57,6 +57,8 @@ class RecipeModel:
     tokenizer: Any
     vocab_size: int
     description: dict[str, Any] = field(default_factory=dict)
+    context: int | None = None
+    """Longest sequence the model was made for (None: not stated)."""
     _streamed: Any = None
     _hidden: Any = None
     _head: Any = None
@@ -119,8 +121,11 @@ def plelab_model(run: str | Path, device: torch.device | None = None) -> RecipeM
     """A plelab run (its newest intact checkpoint) in float32."""
     from plelab.hf.interop import gemma4_hf_name
     from plelab.inference.load import checkpoint_tokenizer, load_model
+    from plelab.runs.checkpoint import reading_checkpoint
 
-    model, _ = load_model(run, device=device or "cpu")
+    with reading_checkpoint(run) as ckpt:  # a run still training cannot prune it while it is read
+        model, _ = load_model(ckpt, device=device or "cpu")
+        tokenizer = checkpoint_tokenizer(ckpt, model.config.vocab_size)
     model = model.float().eval()
     cfg = model.config
     matrices = {}
@@ -132,9 +137,8 @@ def plelab_model(run: str | Path, device: torch.device | None = None) -> RecipeM
         matrices[hf] = Matrix(hf, param, tuple(param.shape), group, _matrix_table(hf))
     if cfg.tie_embeddings:
         matrices.pop("lm_head.weight", None)
-    tok = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
-    return RecipeModel("plelab", cfg.arch, str(run), model, matrices, tok, cfg.vocab_size,
-                       {"run": str(run), "checkpoint": str(model.checkpoint_dir)},
+    return RecipeModel("plelab", cfg.arch, str(run), model, matrices, tokenizer, cfg.vocab_size,
+                       {"run": str(run), "checkpoint": str(model.checkpoint_dir)}, context=cfg.max_seq_len,
                        _hidden=model.hidden_states, _head=model.logits)
 
 
@@ -167,7 +171,8 @@ def hf_model(path: str | Path, device: torch.device | None = None) -> RecipeMode
         return torch.tanh(logits / cap) * cap if cap else logits
 
     return RecipeModel("hf", ckpt.family, str(path), lm, matrices, tok, ckpt.text_config["vocab_size"],
-                       {"hf": str(path), "architecture": ckpt.family}, _streamed=hf.table,
+                       {"hf": str(path), "architecture": ckpt.family},
+                       context=ckpt.text_config.get("max_position_embeddings"), _streamed=hf.table,
                        _hidden=lambda x: hf.text(input_ids=x, use_cache=False).last_hidden_state, _head=head)
 
 

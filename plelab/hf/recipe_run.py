@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,19 +28,23 @@ from plelab.hf.quant_recipe import (
     Measurer,
     Recipe,
     RecipeError,
-    choose,
     default_formats,
+    fit_budget,
     fixed_bytes,
     held_out,
     make_recipe,
     measure_table,
-    parse_budget,
     summary,
 )
 from plelab.hf.recipe_model import RecipeModel, open_model
 from plelab.hf.tensor_groups import GROUPS, group_of
+from plelab.util.fs import staging_dir
 
 BASELINES = {"ple": ["fp16", "int8/32", "int4/32", "int4/128"], "gguf": ["f16", "q8_0", "q4_0", "q4_k"]}
+DEFAULT_SEQ_LEN = 128
+"""Window length when none is given (shorter for a model made for shorter sequences)."""
+EXPORT_FILES = {"ple": "recipe.ple", "gguf": "recipe.gguf"}
+"""The exported recipe of each family, in the output folder."""
 
 
 def _bytes_only_table(model: RecipeModel, formats: list[Format]) -> dict[str, dict[str, Any]]:
@@ -56,8 +59,7 @@ def check_budgets(model: RecipeModel, formats: list[Format], budgets: dict[str, 
         fam = [f for f in formats if f.family == family]
         if not fam:
             continue
-        budget, _ = parse_budget(text, table, fixed_bytes(model, family))
-        choose(table, fam, budget)
+        fit_budget(table, fam, family, text, fixed_bytes(model, family))
 
 
 def ple_encodings(model: RecipeModel, recipe: dict[str, str]) -> dict[str, Any]:
@@ -93,7 +95,7 @@ def export_ple(model: RecipeModel, recipe: dict[str, str], out: Path) -> dict[st
     else:  # a plelab Gemma 4 run: through its HF folder, which export --hf reads a chunk of rows at a time
         from plelab.hf.run_export import export_hf as export_run_hf
 
-        tmp = Path(tempfile.mkdtemp(prefix=".recipe-hf-", dir=out.parent))
+        tmp = staging_dir(out.with_name("recipe-hf"))
         try:
             export_run_hf(model.source, tmp / "hf", transformers_only=True)
             layout = export_hf(tmp / "hf", out, opts)
@@ -110,7 +112,7 @@ def export_gguf_recipe(model: RecipeModel, recipe: dict[str, str], out: Path) ->
         raise GGUFExportError(f"GGUF needs a Gemma 4 model; this one is {model.family}")
     source = hf_source(model.source) if model.kind == "hf" else run_source(model.source)
     plan = TypePlan("f16", tuple(recipe.items()))
-    result = write_gguf(source, out, plan, plan_tensors(source, plan))
+    result = write_gguf(source, out, plan, plan_tensors(source, plan, strict=True))  # the recipe chose fitting types
     return result.to_json()
 
 
@@ -177,7 +179,7 @@ def measure_gguf_file(measurer: Measurer, path: Path) -> dict[str, Any] | None:
 
 def gguf_blocker(model: RecipeModel) -> str | None:
     """Why no GGUF of this Gemma 4 model can be written (checked before measuring), or None."""
-    from plelab.hf.gguf_export import GGUFExportError, check_llama_cpp_layout
+    from plelab.hf.gguf_export import GGUFExportError, check_llama_cpp_layout, folder_special_ids
 
     if model.tokenizer is None:
         return f"{model.source} has no tokenizer.json, and a GGUF carries its tokenizer"
@@ -185,6 +187,7 @@ def gguf_blocker(model: RecipeModel) -> str | None:
         if model.kind == "hf":
             from plelab.hf.interop import HFInteropError, gemma4_config_from_hf
 
+            folder_special_ids(Path(model.source))  # the GGUF's token types come from them
             try:
                 cfg = gemma4_config_from_hf(model.module.config.to_dict())
             except HFInteropError as exc:
@@ -199,7 +202,7 @@ def gguf_blocker(model: RecipeModel) -> str | None:
 
 def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *, hf: bool = False,
                formats: list[str] | None = None, budgets: dict[str, str] | None = None, tokens: int = 2048,
-               seq_len: int = 128, batch: int = 8, overwrite: bool = False, export: bool = True,
+               seq_len: int | None = None, batch: int = 8, overwrite: bool = False, export: bool = True,
                device: torch.device | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure, choose, export and measure the exports; writes OUT/recipe.json and the report; returns the result."""
     from plelab.edge.export import export_inputs
@@ -213,9 +216,6 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
     if out.is_dir() and any(p for p in out.iterdir() if p.name != resume.name) and not overwrite:
         raise RecipeError(f"output {out} already holds a recipe; pass --overwrite to replace it "
                           "(an interrupted measurement resumes without it)")
-    for item in inputs:
-        if Path(item).is_dir() and Path(item).resolve() in (out.resolve(), *out.resolve().parents):
-            raise RecipeError(f"output {out} is inside the input folder {item}; write it elsewhere")
     device = device or torch.device("cpu")
     model = open_model(source, hf=hf, device=device)
     fmts, notes = default_formats(formats)
@@ -232,7 +232,7 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
             notes.append(f"no GGUF is written: {reason}")
             gguf_file = False
     check_budgets(model, fmts, budgets)
-    data = held_out(eval_path, model, tokens, seq_len)
+    data = held_out(eval_path, model, tokens, seq_len or min(DEFAULT_SEQ_LEN, model.context or DEFAULT_SEQ_LEN))
     out.mkdir(parents=True, exist_ok=True)
     measurer = Measurer(model, data, batch, device)
     try:
@@ -245,12 +245,12 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
                 recipes[family] = make_recipe(measurer, table, fmts, family, text, BASELINES[family])
         files: dict[str, Any] = {}
         if export and "ple" in recipes:
-            files["ple"] = export_ple(model, recipes["ple"].formats, out / "recipe.ple")
-            files["ple"]["measured"] = measure_ple_file(measurer, out / "recipe.ple", files["ple"]["table_only"],
+            files["ple"] = export_ple(model, recipes["ple"].formats, out / EXPORT_FILES["ple"])
+            files["ple"]["measured"] = measure_ple_file(measurer, out / EXPORT_FILES["ple"], files["ple"]["table_only"],
                                                         recipes["ple"].formats)
         if gguf_file and "gguf" in recipes:
-            files["gguf"] = export_gguf_recipe(model, recipes["gguf"].formats, out / "recipe.gguf")
-            measured = measure_gguf_file(measurer, out / "recipe.gguf")
+            files["gguf"] = export_gguf_recipe(model, recipes["gguf"].formats, out / EXPORT_FILES["gguf"])
+            measured = measure_gguf_file(measurer, out / EXPORT_FILES["gguf"])
             if measured is None:
                 notes.append("the GGUF was not run: llama-cpp-python is not installed")
             files["gguf"]["measured_in_llama_cpp"] = measured
@@ -266,5 +266,8 @@ def run_recipe(source: str | Path, eval_path: str | Path, out_dir: str | Path, *
     from plelab.hf.recipe_report import write_recipe_report
 
     (out / "recipe.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    for family, name in EXPORT_FILES.items():  # an earlier export this run did not replace would pass for this one
+        if family not in files:
+            (out / name).unlink(missing_ok=True)
     write_recipe_report(result, out)
     return result

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from plelab.errors import PlelabError
 from plelab.hf.interop import HFInteropError, hf_gemma4_config, hf_gemma4_state_dict
-from plelab.util.fs import check_output_path, fsync_dir, resolve_path
+from plelab.util.fs import check_output_path, replace_folder, resolve_path, staging_dir
 
 
 def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transformers_only: bool = False) -> Path:
@@ -28,10 +27,13 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
     another tokenizer is refused unless `transformers_only` (the folder then loads in transformers only).
     """
     from plelab.inference.load import checkpoint_tokenizer, load_model
+    from plelab.runs.checkpoint import reading_checkpoint
 
     out = check_output_path(out, overwrite=overwrite, inputs=(run,), is_dir=True)
     _refuse_losing_data(Path(run), out)
-    model, _ = load_model(run)
+    with reading_checkpoint(run) as ckpt:  # a run still training cannot prune it while it is read
+        model, _ = load_model(ckpt)
+        tokenizer = checkpoint_tokenizer(ckpt, model.config.vocab_size)
     cfg = model.config
     if cfg.arch != "gemma4":
         raise HFInteropError(
@@ -43,7 +45,6 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
             f"ple.vocab_size={cfg.ple_vocab_size} differs from vocab_size={cfg.vocab_size}: transformers' Gemma 4 "
             "looks every id up in the PLE table, so it cannot run this model"
         )
-    tokenizer = checkpoint_tokenizer(model.checkpoint_dir, cfg.vocab_size)
     if tokenizer.kind != "gemma" and not transformers_only:
         raise HFInteropError(
             f"{run} uses a {tokenizer.kind} tokenizer; llama.cpp's Gemma 4 converter reads only Gemma-style ones: "
@@ -62,11 +63,10 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
     hf_config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     weights = {k: v.contiguous() for k, v in hf_gemma4_state_dict(model).items()}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = staging_dir(out)
     try:
         _write_folder(tmp, hf_config, weights, tokenizer)
-        _replace_folder(tmp, out)
+        replace_folder(tmp, out)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if _is_write_failure(exc):  # a full disk, a quota: safetensors reports it as its own error type
@@ -76,19 +76,14 @@ def export_hf(run: str | Path, out: str | Path, overwrite: bool = False, transfo
 
 
 def _refuse_losing_data(run: Path, out: Path) -> None:
-    """Refuse an OUT whose replacement would delete the run (OUT holds it, or lies inside it and exists) or a
-    folder of other files (only a Hugging Face model folder, e.g. an earlier export, is ever replaced)."""
+    """Refuse an OUT whose replacement would delete the run (OUT holds it; OUT inside a run was refused by
+    check_output_path) or a folder of other files (only a Hugging Face model folder, e.g. an earlier export, is
+    ever replaced)."""
     from plelab.hf.checkpoint import is_hf_folder
 
-    source, target = resolve_path(run), resolve_path(out)
-    if source.is_relative_to(target):
+    if resolve_path(run).is_relative_to(resolve_path(out)):
         raise PlelabError(f"{run} lies inside the output folder {out}, which an export replaces; choose an OUT "
                           "outside it")
-    # The run folder of a checkpoint given directly (RUN/checkpoints/step_N).
-    run_dir = source.parent.parent if source.parent.name == "checkpoints" else source
-    if target.is_relative_to(run_dir) and out.exists():
-        raise PlelabError(f"output {out} lies inside the run {run_dir}: replacing it would delete part of the run; "
-                          "choose an OUT outside it")
     if out.is_dir() and any(out.iterdir()) and not is_hf_folder(out):
         raise PlelabError(f"output {out} is not empty and is not a Hugging Face model folder; refusing to replace "
                           "it (choose another OUT)")
@@ -117,18 +112,3 @@ def _write_folder(folder: Path, hf_config, weights: dict[str, torch.Tensor], tok
     for f in folder.iterdir():
         with open(f, "rb") as handle:
             os.fsync(handle.fileno())
-
-
-def _replace_folder(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` (overwrite was checked) is moved aside first, then deleted."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old.{os.getpid()}")
-        if out.is_dir() and not out.is_symlink():
-            os.rename(out, old)
-        else:
-            raise PlelabError(f"output {out} exists and is not a folder")
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

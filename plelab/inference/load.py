@@ -29,6 +29,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", verify: boo
     if ((meta.get("train") or {}).get("vision") or {}).get("corpus"):
         raise CheckpointError(f"{path} is a vision run (images and captions, not a text model): `plelab vision "
                               "diagnose` reads it; eval, generate, diagnose and export take text runs")
+    finetuned = ((meta.get("train") or {}).get("finetune") or {}).get("hf")
+    if finetuned:  # its checkpoints hold the adapters only: the model is the folder plus them
+        run = ckpt.parent.parent
+        raise CheckpointError(f"{path} is a LoRA fine-tune of {finetuned}, whose checkpoints hold only the adapters: "
+                              f"merge it first (plelab finetune --out {run} --merge MERGED), then give the "
+                              "merged folder with --hf (diagnose, export, export-gguf, quant-recipe) or load it "
+                              "with transformers")
     try:
         cfg = from_dict(ModelConfig, meta["model"])
     except (ConfigError, KeyError, TypeError) as exc:

@@ -20,13 +20,14 @@ model.safetensors, and state.pt without the optimizer; the manifest covers every
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -304,15 +305,49 @@ def load_training_state(ckpt: Path, mmap: bool = False) -> dict[str, Any]:
 
 
 def prune_checkpoints(ckpts_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints (and any stale temp dirs)."""
+    """Delete all but the newest `keep` complete checkpoints (and any stale temp dirs); one that a reader holds
+    (`reading_checkpoint`) is left for the next prune."""
     ckpts_dir = Path(ckpts_dir)
     done = sorted(p for p in ckpts_dir.glob("step_*") if (p / "manifest.json").is_file())
     for old in done[: max(0, len(done) - keep)]:
-        # Renamed first, so that a kill during the delete leaves a marked leftover, never a half checkpoint.
-        doomed = old.with_name(f".{old.name}{DELETING_SUFFIX}")
-        os.replace(old, doomed)
+        fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # an export is reading it
+            # Renamed first, so that a kill during the delete leaves a marked leftover, never a half checkpoint.
+            doomed = old.with_name(f".{old.name}{DELETING_SUFFIX}")
+            os.replace(old, doomed)
+        finally:
+            os.close(fd)
         shutil.rmtree(doomed, ignore_errors=True)
     remove_leftovers(ckpts_dir)
+
+
+@contextlib.contextmanager
+def reading_checkpoint(path: str | Path, attempts: int = 10) -> Iterator[Path]:
+    """The checkpoint `path` names (a run's newest), held for reading until the block ends: the pruning of a run
+    still training skips it, so a reader (an export of a run with keep_checkpoints = 1) never sees it vanish."""
+    for _ in range(attempts):
+        ckpt = resolve_checkpoint(path)
+        try:
+            fd = os.open(ckpt, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue  # pruned between being found and opened: the newest is another one now
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a pruner holds it, which then renames it away
+            try:
+                held = os.path.samestat(os.fstat(fd), os.stat(ckpt))
+            except FileNotFoundError:
+                held = False
+            if held:
+                yield ckpt
+                return
+        finally:
+            os.close(fd)
+    raise CheckpointError(f"{path}: its newest checkpoint was replaced {attempts} times while being opened; "
+                          "try again")
 
 
 def remove_leftovers(ckpts_dir: Path) -> list[Path]:

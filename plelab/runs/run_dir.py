@@ -7,6 +7,7 @@ released by the OS even on kill -9; plelab.runs.lock) by the one process trainin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -47,8 +48,36 @@ class RunLock(FolderLock):
             "wait for it to finish or pick another --out"))
 
 
-def _is_plelab_run(run_dir: Path) -> bool:
-    return (run_dir / CONFIG_FILE).is_file()
+def is_run_config(config: Any) -> bool:
+    """Whether a parsed config.json is a plelab run's (a Hugging Face model's config.json is not)."""
+    return (isinstance(config, dict) and isinstance(config.get("model"), dict)
+            and {"max_steps", "batch_size", "ckpt_every"} <= config.keys())
+
+
+def holds_run(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds a plelab run: a run's config.json, or checkpoints the trainer wrote."""
+    run_dir = Path(run_dir)
+    return is_run_config(_read_config(run_dir)) or any((run_dir / "checkpoints").glob("step_*/manifest.json"))
+
+
+class OpeningTraces:
+    """What opening a run folder leaves (the folder, its lock file), noted before it is opened so that a run
+    refused or failed before it started can take them back: a refused folder is left as it was found."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.made_folder = not self.run_dir.exists()
+        self.made_lock = not (self.run_dir / LOCK_FILE).exists()
+
+    def remove_unless_run(self) -> None:
+        """Remove the lock file and folder this process made, unless the folder now holds a run."""
+        if holds_run(self.run_dir):
+            return
+        if self.made_lock:
+            (self.run_dir / LOCK_FILE).unlink(missing_ok=True)
+        if self.made_folder:
+            with contextlib.suppress(OSError):  # not empty: something else was written there, keep it
+                self.run_dir.rmdir()
 
 
 def _read_config(run_dir: Path) -> dict[str, Any] | None:
@@ -63,12 +92,19 @@ def claim_fresh_run_dir(run_dir: Path, config: dict[str, Any], overwrite: bool) 
 
     Allowed without overwrite: a missing or empty folder (hidden files aside), and a folder holding this very
     config and no checkpoint (a run killed before its first checkpoint). With overwrite, the old run's files
-    (config, metrics, history, checkpoints) are removed; other files are left alone.
+    (config, metrics, history, checkpoints) are removed; other files are left alone. A folder that holds no run
+    but a file a run writes (a model's config.json, say) is refused even with overwrite: it would be replaced.
     """
     run_dir = Path(run_dir)
     visible = [p for p in run_dir.iterdir() if not p.name.startswith(".")] if run_dir.is_dir() else []
     ckpts = run_dir / "checkpoints"
     has_ckpts = ckpts.is_dir() and any(ckpts.glob("step_*"))
+    is_run = holds_run(run_dir)
+    if not is_run:
+        taken = next((run_dir / name for name in (*RUN_FILES, "checkpoints") if (run_dir / name).exists()), None)
+        if taken is not None:
+            raise RunDirError(f"{run_dir} holds {taken.name}, which is not a plelab run's and which a run would "
+                              f"replace; --overwrite replaces only a plelab run, so pick a new --out")
     if not overwrite:
         if has_ckpts:
             raise RunDirError(
@@ -76,9 +112,12 @@ def claim_fresh_run_dir(run_dir: Path, config: dict[str, Any], overwrite: bool) 
                 "or pick a new --out"
             )
         if visible and _read_config(run_dir) != config:
-            what = "a different run" if _is_plelab_run(run_dir) else "files that are not a plelab run"
-            raise RunDirError(f"{run_dir} already holds {what}; pass --overwrite to replace it or pick a new --out")
-    if _is_plelab_run(run_dir) or has_ckpts:
+            if is_run:
+                raise RunDirError(f"{run_dir} already holds a different run; pass --overwrite to replace it or pick "
+                                  "a new --out")
+            raise RunDirError(f"{run_dir} already holds files that are not a plelab run; pass --overwrite to write "
+                              "the run beside them (they are kept) or pick a new --out")
+    if is_run:
         for name in RUN_FILES:
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(ckpts, ignore_errors=True)

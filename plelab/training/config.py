@@ -203,7 +203,8 @@ class TrainConfig:
             raise ConfigError(f"dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
         if self.dtype == "bf16-head" and self.model.logit_softcap is not None:
             raise ConfigError("dtype = bf16-head changes the fused head + loss, which soft-capped logits "
-                              "(model.logit_softcap) do not use: choose fp32 or bf16")
+                              f"(model.gemma4.final_logit_softcap = {self.model.logit_softcap:g}) do not use: "
+                              "choose fp32 or bf16, or unset the soft cap")
 
     def _check_disk_table(self) -> None:
         ple = self.model.ple
@@ -225,6 +226,10 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         """Tokens consumed per optimizer step."""
         return self.batch_size * self.grad_accum * self.context
+
+    def input_paths(self) -> tuple[str, ...]:
+        """The files and folders this run reads (never its output folder); a plug-in adds its own."""
+        return tuple(p for p in (self.data, self.eval_data, self.tokenizer, self.init_from_hf) if p)
 
     def param_counts(self) -> dict[str, int]:
         """plelab.model.params.count_params of the model this config trains (a plug-in counts its own)."""

@@ -41,8 +41,8 @@ class TrainingData:
             raise PlelabError("no training data: set data = \"DIR\" (a folder from `plelab data prepare`)")
         self.device = device
         self.pin_memory = cfg.pin_memory
-        tok_sha = Tokenizer.load(cfg.tokenizer).sha256 if cfg.tokenizer else None
-        self.dataset = TokenDataset(cfg.data, "train", vocab_size=cfg.model.vocab_size, tokenizer_sha256=tok_sha)
+        tokenizer = Tokenizer.load(cfg.tokenizer) if cfg.tokenizer else None
+        self.dataset = TokenDataset(cfg.data, "train", vocab_size=cfg.model.vocab_size, tokenizer=tokenizer)
         self.tokenizer_path = Path(cfg.tokenizer) if cfg.tokenizer else self.dataset.tokenizer_path
         self.loader = BatchLoader(self.dataset, cfg.batch_size, cfg.context, seed=cfg.seed)
         self.eval_domains: dict[str, EvalDomain] = {}

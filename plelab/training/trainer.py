@@ -133,7 +133,7 @@ class Trainer:
     ):
         cfg = self.with_init_model(cfg, resume)
         self.config = cfg
-        self.run_dir = check_output_path(run_dir, is_dir=True, overwrite=True)
+        self.run_dir = check_output_path(run_dir, is_dir=True, overwrite=True, run=True, inputs=cfg.input_paths())
         self.distribution = distribution if distribution is not None else SingleProcess(cfg, pick_device(cfg.device))
         self.world = self.distribution.world
         self.quiet = quiet or not self.world.is_main  # rank 0 alone prints, logs and writes run-dir files
@@ -153,6 +153,7 @@ class Trainer:
         self._stop_signal: int | None = None
         self.metrics_path = self.run_dir / rd.METRICS_FILE
 
+        traces = rd.OpeningTraces(self.run_dir)  # what opening the folder adds, taken back if the run never starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock: rd.RunLock | None = self.distribution.on_main(lambda: rd.RunLock(self.run_dir))
         try:
@@ -184,6 +185,7 @@ class Trainer:
                 self.distribution.on_main(lambda: self._start_fresh(overwrite))
         except BaseException:
             self.close()
+            self.distribution.on_main(traces.remove_unless_run)
             raise
 
     def build_data(self, cfg: TrainConfig) -> TrainingData:

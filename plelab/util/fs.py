@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
+import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,19 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def sampled_sha256(path: str | Path, samples: int = 64, block: int = 1 << 16) -> str:
+    """Hex sha256 of a file's size and `samples` blocks spread evenly from its start to its end: reads at most
+    samples x block bytes, yet tells apart two large files whose contents differ throughout (other weights of the
+    same shape), which mtimes and sizes cannot. Not a guarantee against an edit that touches no sampled block."""
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for i in range(samples):
+            f.seek(max(0, size - block) * i // max(1, samples - 1))
+            h.update(f.read(block))
+    return h.hexdigest()
+
+
 def fsync_dir(path: str | Path) -> None:
     """fsync a directory so a rename inside it survives a crash."""
     fd = os.open(path, os.O_RDONLY)
@@ -30,14 +46,15 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-# `atomic_writer`'s temp names: `.NAME.PID.` + mkstemp's 8 random characters + `.tmp`.
+# Temp names of `atomic_writer` and `staging_dir`: `.NAME.PID.` + mkstemp's 8 random characters + `.tmp`.
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$")
 
 
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Delete the temp files `atomic_writer` left in `folder` when its process was killed; return them.
+    """Delete the temp files and folders `atomic_writer` / `staging_dir` left in `folder` when their process was
+    killed; return them.
 
-    Only files of its own naming (`.NAME.PID.XXXXXXXX.tmp`) whose writer PID no longer runs are removed, so a
+    Only entries of their naming (`.NAME.PID.XXXXXXXX.tmp`) whose writer PID no longer runs are removed, so a
     write in progress in another process is never touched.
     """
     removed = []
@@ -47,10 +64,39 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
         return removed
     for entry in entries:
         m = _TEMP_NAME.match(entry.name)
-        if m and entry.is_file(follow_symlinks=False) and not pid_alive(int(m["pid"])):
+        if not m or pid_alive(int(m["pid"])):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        elif entry.is_file(follow_symlinks=False):
             Path(entry.path).unlink(missing_ok=True)
-            removed.append(Path(entry.path))
+        else:
+            continue
+        removed.append(Path(entry.path))
     return removed
+
+
+def staging_dir(target: str | Path) -> Path:
+    """A new hidden folder beside `target` to build it in (then `replace_folder`); named with this process's id,
+    so if the process is killed the next staging or atomic write into that folder removes it (a model-sized
+    leftover otherwise stays forever)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target.parent)
+    return Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp"))
+
+
+def replace_folder(staged: Path, target: Path) -> None:
+    """Rename the complete `staged` folder to `target`; an existing `target` folder is first renamed aside (under a
+    temp name, so a kill leaves a leftover the next writer removes) and deleted after: never half of either."""
+    aside = None
+    if target.exists():
+        aside = staging_dir(target)
+        os.rename(target, aside)  # over the empty folder just made: atomic
+    os.rename(staged, target)
+    fsync_dir(target.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -58,8 +104,8 @@ def atomic_writer(path: str | Path, mode: int | None = None) -> Iterator[BinaryI
     """Open a temp file next to `path` for binary writing; on success fsync it and rename it over `path`.
 
     Readers see the old file or the new one, never half of it; an exception removes the temp file, and a
-    killed writer's temp file (its PID is in the name) is removed by the next writer into the folder.
-    `mode` defaults to what the umask allows an ordinary new file.
+    killed writer's temp file (its PID is in the name) is removed by the next writer into the folder; a full disk
+    or quota is a PlelabError naming the file. `mode` defaults to what the umask allows an ordinary new file.
     """
     path = Path(path)
     remove_stale_temp_files(path.parent)
@@ -75,8 +121,13 @@ def atomic_writer(path: str | Path, mode: int | None = None) -> Iterator[BinaryI
             mode = 0o666 & ~umask
         os.chmod(tmp, mode)  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            from plelab.errors import PlelabError
+
+            raise PlelabError(f"cannot write {path}: {exc.strerror} (the disk or quota is full); nothing was "
+                              "written, an earlier file there is kept") from None
         raise
     fsync_dir(path.parent)
 
@@ -109,24 +160,45 @@ def resolve_path(path: str | Path) -> Path:
 
 
 def check_output_path(
-    path: str | Path, *, overwrite: bool = False, inputs: tuple[str | Path, ...] = (), is_dir: bool = False
+    path: str | Path, *, overwrite: bool = False, inputs: tuple[str | Path, ...] = (), is_dir: bool = False,
+    run: bool = False,
 ) -> Path:
-    """Refuse (PlelabError, one line) an output path that would lose data or cannot be written; return it.
+    """Refuse (PlelabError, one line, naming the path) an output path that would lose data or cannot be written.
 
-    Refused: a dangling symlink, a directory where a file goes (or the reverse), a path equal to one of the
-    command's `inputs` (never, even with overwrite), an existing file or non-empty folder unless `overwrite`,
-    and a parent folder that is missing-and-uncreatable or not writable.
+    Refused whatever `overwrite` says: a dangling symlink; a directory where a file goes (or the reverse; a file
+    path spelled with a trailing slash); one of the command's `inputs`, or a path inside an input folder; anything
+    that is not a regular file or folder (a device, a FIFO, a socket: a rename would put a plain file in its
+    place); a path inside a training run's folder (its checkpoints are pruned, its files are the run's own), or
+    a run's folder itself unless `run` (the trainer's own output). Refused unless `overwrite`: an existing file
+    or non-empty folder. Also a parent folder that is missing-and-uncreatable or not writable.
     """
     from plelab.errors import PlelabError
 
+    if not is_dir and isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise PlelabError(f"output {path} ends in '/', so it names a folder; give a file path")
     path = Path(path)
     if path.is_symlink() and not path.exists():
         raise PlelabError(f"output {path} is a dangling symbolic link")
     resolved = resolve_path(path)
+    landing = resolve_path(Path(os.path.abspath(path)).parent) / path.name  # the entry a rename would replace
+    inputs = tuple(item for item in inputs if item is not None and str(item) != "")
     for item in inputs:
-        if item is not None and _same_file(Path(item), path, resolved):
-            raise PlelabError(f"output {path} is also an input of this command; choose another output path")
+        if _same_file(Path(item), path, resolved):
+            raise PlelabError(f"output {path} is also an input of this command ({item}); choose another output path")
+    for item in inputs:
+        folder = resolve_path(item)
+        if folder.is_dir() and (resolved.is_relative_to(folder) or landing.is_relative_to(folder)):
+            raise PlelabError(f"output {path} is inside the input folder {item}; write it elsewhere")
+    run_dir = run_folder_of(path, itself=is_dir and not run)
+    if run_dir is not None:
+        where = "is the folder of" if resolve_path(run_dir) == resolved else "lies inside"
+        raise PlelabError(f"output {path} {where} the training run {run_dir}, whose files are the run's own "
+                          "(checkpoints are pruned, config.json is read on resume); write it outside the run")
     if path.exists():
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise PlelabError(f"output {path} is {_file_kind(mode)}, not a regular file; plelab replaces only "
+                              "regular files, so choose a file path")
         if is_dir and not path.is_dir():
             raise PlelabError(f"output {path} exists and is not a folder")
         if not is_dir and path.is_dir():
@@ -141,6 +213,33 @@ def check_output_path(
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise PlelabError(f"cannot write {path}: {parent} is not a writable folder")
     return path
+
+
+def run_folder_of(path: str | Path, *, itself: bool = False) -> Path | None:
+    """The training run folder that `path` lies inside (spelled as given or through its links), or None;
+    `itself`: `path` being a run folder counts too."""
+    absolute = Path(os.path.abspath(path))
+    candidates = [*absolute.parents, *resolve_path(path).parents]
+    if itself:
+        candidates = [absolute, *candidates]
+    for folder in dict.fromkeys(candidates):
+        if is_run_folder(folder):
+            return folder
+    return None
+
+
+def is_run_folder(folder: str | Path) -> bool:
+    """Whether `folder` is a training run's: config.json beside metrics.jsonl or checkpoints/ (the names
+    plelab.runs.run_dir gives them; a model folder's config.json stands alone)."""
+    folder = Path(folder)
+    return (folder / "config.json").is_file() and ((folder / "metrics.jsonl").is_file()
+                                                   or (folder / "checkpoints").is_dir())
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO (named pipe)",
+             stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
 
 
 def _same_file(item: Path, path: Path, resolved: Path) -> bool:

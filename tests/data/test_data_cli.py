@@ -110,3 +110,15 @@ def test_console_prints_no_traceback(tmp_path):
                           timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "binary file" in proc.stderr
+
+
+def test_an_existing_tokenizer_of_another_kind_than_asked_is_refused(tmp_path, capsys):
+    src = write_docs(tmp_path / "a.txt", DOCS * 20)
+    Tokenizer.byte_level().save(tmp_path / "tok.json")
+    rc, _, err = run(capsys, "data", "prepare", str(src), "--tokenizer", str(tmp_path / "tok.json"),
+                     "--tokenizer-kind", "gemma", "--vocab-size", "300", "--out", str(tmp_path / "ds"))
+    assert rc == 2 and "is a byte-level tokenizer, not gemma" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "ds").exists()
+    rc, _, err = run(capsys, "data", "prepare", str(src), "--tokenizer", str(tmp_path / "tok.json"),
+                     "--out", str(tmp_path / "ds"))
+    assert rc == 0 and Tokenizer.load(tmp_path / "ds").kind == "byte-level"

@@ -58,3 +58,16 @@ def test_shard_count_is_bounded(tmp_path, capsys):
     assert rc == 2 and f"more than {MAX_SHARDS} shard files" in err and "--shard-tokens" in err
     assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".ds.partial-*"))
 
+
+
+def test_tokenizer_out_never_replaces_a_prepared_datasets_tokenizer(tmp_path, capsys, monkeypatch):
+    src = write_docs(tmp_path / "a.txt", DOCS * 20)
+    prepare_dataset([src], Tokenizer.byte_level(), tmp_path / "ds", progress=False)
+    capsys.readouterr()  # its note about the validation split
+    before = (tmp_path / "ds" / "tokenizer.json").read_bytes()
+    (tmp_path / "ds-link").symlink_to(tmp_path / "ds")
+    monkeypatch.chdir(tmp_path)
+    for out in ("ds", "ds/", str(tmp_path / "ds"), "ds/tokenizer.json", "ds-link/"):
+        rc, err = run(capsys, "data", "tokenizer", str(src), "--vocab-size", "280", "--out", out, "--overwrite")
+        assert rc == 2 and "is in the prepared dataset" in err, err
+    assert (tmp_path / "ds" / "tokenizer.json").read_bytes() == before

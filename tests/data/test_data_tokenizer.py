@@ -8,7 +8,7 @@ import pytest
 from data_helpers import DOCS, corpus_text
 
 from plelab.data.sources import split_pieces
-from plelab.data.tokenizer import EOT, PAD, Tokenizer, TokenizerError
+from plelab.data.tokenizer import EOT, PAD, TRAIN_RUN_CHARS, Tokenizer, TokenizerError, bounded_runs
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,48 @@ def test_piecewise_encoding_equals_whole(bpe):
     assert len(pieces) > 5 and "".join(pieces) == text
     for tok in (bpe, Tokenizer.byte_level()):
         assert [i for p in pieces for i in tok.encode(p)] == tok.encode(text)
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "gemma"])
+def test_training_on_one_unbroken_line_costs_what_spaced_text_costs(kind):
+    """BPE training is quadratic in a word's length, so a 500 KB one-word text cost many times what the same
+    characters with a space every 200 cost; both are timed under the same load, so the machine's speed cancels.
+    The line still encodes and decodes whole, and no learned token is longer than the training runs."""
+    import random
+    import time
+
+    rng = random.Random(0)
+    line = "".join(rng.choice("abcdefghijklmnop") for _ in range(500_000))
+    spaced = " ".join(line[i : i + 200] for i in range(0, len(line), 200))
+    train = Tokenizer.train_gemma if kind == "gemma" else Tokenizer.train_bpe
+    seconds = {}
+    for name, text in (("spaced", spaced), ("line", line)):
+        start = time.perf_counter()
+        tok = train([text], 400)
+        seconds[name] = time.perf_counter() - start
+    assert seconds["line"] < 3 * seconds["spaced"] + 2.0, seconds
+    assert max(len(t) for t in tok.backend.get_vocab()) <= TRAIN_RUN_CHARS
+    assert tok.decode(tok.encode(line[:5000])) == line[:5000]
+
+
+def test_training_cuts_only_runs_longer_than_the_bound():
+    short, long_ = "x" * TRAIN_RUN_CHARS, "y" * (2 * TRAIN_RUN_CHARS + 5)
+    assert list(bounded_runs([f"a {short} b"])) == [f"a {short} b"]
+    (cut,) = bounded_runs([f"a {long_} b"])
+    assert cut.split() == ["a", "y" * TRAIN_RUN_CHARS, "y" * TRAIN_RUN_CHARS, "y" * 5, "b"]
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "gemma"])
+def test_a_tokenizer_re_saved_by_transformers_is_the_same_tokenizer(tmp_path, kind):
+    pytest.importorskip("transformers")
+    from plelab.data.tokenizer import tokenizer_difference
+
+    train = Tokenizer.train_gemma if kind == "gemma" else Tokenizer.train_bpe
+    tok = train([corpus_text() * 3], 300)
+    tok.to_hf().save_pretrained(tmp_path)
+    resaved = Tokenizer.load(tmp_path)
+    assert resaved.sha256 != tok.sha256 and tokenizer_difference(resaved, tok) is None
+    other = train([corpus_text()[::-1] * 3], 300)
+    assert tokenizer_difference(other, tok).startswith("their model differs (")
+    bigger = train([corpus_text() * 3], 320)
+    assert "vocabulary entries" in tokenizer_difference(bigger, tok)

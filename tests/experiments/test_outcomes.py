@@ -62,6 +62,11 @@ def test_a_missing_source_is_one_line(tmp_path, capsys):
     assert main(["outcomes", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert "no such sweep folder or records file" in err and "\n" not in err
+    (tmp_path / "notes").mkdir()
+    assert main(["outcomes", str(tmp_path / "notes")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a sweep folder (it has no sweep.sqlite)" in err and "\n" not in err
+    assert not (tmp_path / "notes" / "sweep.sqlite").exists()
 
 
 def test_a_test_behind_a_gate_that_did_not_pass_says_so_in_its_outcome():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -338,3 +339,22 @@ def test_hits_must_fit_the_prediction_and_leave_old_plan_hashes_alone():
     # Stated hits are part of the registered plan; unstated ones are not hashed, so the plans registered before
     # the field existed keep their hashes (REGISTERED_PLAN_HASHES above checks the committed ones).
     assert plan_hash(plain) != plan_hash(stated)
+
+
+@pytest.mark.parametrize(("test", "message"), [
+    ('[[plan.comparisons]]\nname = "a"\nvariant = "swiglu_narow"\nreference_where = { "model.ple.dim" = 0 }\n'
+     'metric = "val"\n', "no run of this sweep is its arm (variant 'swiglu_narow'; the sweep's variants: none"),
+    ('[[plan.comparisons]]\nname = "a"\nwhere = { "model.ple.dim" = 8 }\nreference_where = { "model.ple.dim" = 4 }\n'
+     'metric = "val"\n', "no run of this sweep is its reference (where {'model.ple.dim': 4}"),
+    ('[[plan.dose_responses]]\nname = "d"\ndose = "model.hidden_size"\nmetric = "val"\n',
+     "0 value(s) of the dose model.hidden_size"),
+])
+def test_a_plan_selecting_no_run_of_the_sweep_is_refused_before_registration(tmp_path, capsys, test, message):
+    (tmp_path / "plan.toml").write_text(f'[plan]\nname = "t"\n{test}')
+    sweep = load_sweep(_sweep_file(tmp_path))
+    with pytest.raises(PlelabError, match=re.escape(message)):
+        prepare(sweep)
+    assert not sweep.db_path.exists()  # nothing registered, nothing to train
+    assert main(["sweep", str(tmp_path / "sweep.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("fix the plan before it is registered" in err[0] or "dose-response" in err[0])

@@ -86,7 +86,8 @@ def test_missing_weight(copy, tmp_path, capsys):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_not_a_model_folder_and_truncated_shard(copy, tmp_path, capsys, command):
-    assert "no config.json" in one_line_error(COMMANDS[command](tmp_path, tmp_path), capsys)
+    (tmp_path / "notes").mkdir()  # a folder, but not a model's
+    assert "no config.json" in one_line_error(COMMANDS[command](tmp_path / "notes", tmp_path), capsys)
     folder = copy()
     data = (folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(data[: len(data) // 2])

@@ -5,6 +5,7 @@ on attention and MLP alone leave the gate at zero, so the PLE stays exactly unus
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from finetune_helpers import finetune_argv
@@ -49,3 +50,45 @@ def test_text_report_and_explicit_base(make_gemma, finetune_data, tmp_path, caps
     assert "fine-tuning vs base" in out and "UNCHANGED" in out  # a folder against itself
     assert main(["diagnose", "--hf", str(base), "--data", str(valid), *DIAG]) == 0
     assert "finetune" not in json.loads(capsys.readouterr().out)  # no record, no --base: no comparison
+
+
+def _one_line_refusal(argv: list[str], capsys) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_base_that_is_not_the_same_model_is_refused(make_gemma, finetune_data, tokenizer_json, tmp_path, capsys):
+    from transformers import AutoConfig, Gemma4ForCausalLM
+
+    from plelab.data.tokenizer import Tokenizer
+
+    _, valid = finetune_data
+    tuned = make_gemma("gemma4")
+    wide = tmp_path / "wide"
+    config = AutoConfig.from_pretrained(tuned)
+    config.hidden_size = 64
+    Gemma4ForCausalLM(config).save_pretrained(wide)
+    shutil.copy(tuned / "tokenizer.json", wide)
+    retokenized = tmp_path / "retokenized"
+    shutil.copytree(tuned, retokenized)
+    Tokenizer.train_bpe(["other words entirely " * 50], 300, min_frequency=1).save(retokenized)
+    cases = {make_gemma("gemma4", ple_vocab=160): "embed_tokens_per_layer.weight is (160, 16)",
+             make_gemma("gemma3n"): "it is a gemma3n checkpoint",
+             wide: "embed_tokens.weight is (320, 64) against (320, 32)",
+             retokenized: "the tokenizers differ: their model differs"}
+    for base, why in cases.items():
+        err = _one_line_refusal(["diagnose", "--hf", str(tuned), "--data", str(valid), "--base", str(base), *DIAG],
+                                capsys)
+        assert f"--base {base} is not the model" in err and why in err, err
+
+
+def test_base_missing_or_without_data_is_refused(make_gemma, finetune_data, tmp_path, capsys):
+    tuned, valid = make_gemma("gemma4"), finetune_data[1]
+    err = _one_line_refusal(["diagnose", "--hf", str(tuned), "--data", str(valid), "--base", str(tmp_path / "no"),
+                             *DIAG], capsys)
+    assert "no such folder" in err
+    err = _one_line_refusal(["diagnose", "--hf", str(tuned), "--base", str(tuned), *DIAG], capsys)
+    assert "give --data too" in err

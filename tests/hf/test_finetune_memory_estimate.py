@@ -1,6 +1,7 @@
 """`plelab train-memory --finetune`: exact parameter counts, activations measured on 'meta' equal to what a real
 CPU forward keeps (tiny configs with Gemma 3n's KV sharing, sliding windows and activation sparsity), and the
-published Gemma 3n E2B / E4B shapes from their config.json alone (the table's saving is exactly its bytes)."""
+published Gemma 3n E2B / E4B and Gemma 4 E2B shapes from their config.json alone (a tied output head counted once,
+the table's saving exactly its bytes)."""
 
 from __future__ import annotations
 
@@ -53,28 +54,55 @@ def test_meta_measurement_equals_a_real_forward(family, tmp_path):
     assert not any(".layers.3.self_attn.k_proj" in n for n, _ in real.named_modules())
 
 
-def _e2b_e4b(tmp_path) -> dict:
-    from transformers import Gemma3nTextConfig
+GEMMA4_E2B = dict(hidden_size=1536, num_hidden_layers=35, intermediate_size=6144, use_double_wide_mlp=True,
+                  num_kv_shared_layers=20, num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+                  global_head_dim=512, layer_types=["full_attention" if i % 5 == 4 else "sliding_attention"
+                                                    for i in range(35)])
+"""Gemma 4 E2B's text shape (35 layers of width 1536, the last 20 sharing keys and values, double-wide MLPs,
+one full-attention layer in five): 4,628,569,344 parameters with 2,348,810,240 in the PLE table, E2B's 4.63B and
+2.35B."""
+
+
+def _published(tmp_path) -> dict:
+    """config.json files of Gemma 3n E2B / E4B (transformers' Gemma3nTextConfig defaults are E4B) and Gemma 4 E2B."""
+    from transformers import Gemma3nTextConfig, Gemma4TextConfig
 
     e2b = dict(num_hidden_layers=30, intermediate_size=[8192] * 30, num_kv_shared_layers=10,
                activation_sparsity_pattern=[0.95] * 10 + [0.0] * 20, layer_types=None)
     out = {}
-    for name, published in (("E2B", e2b), ("E4B", {})):
+    for name, family, config in (("E2B", "gemma3n", Gemma3nTextConfig(**e2b)), ("E4B", "gemma3n", Gemma3nTextConfig()),
+                                 ("Gemma 4 E2B", "gemma4", Gemma4TextConfig(**GEMMA4_E2B))):
         f = tmp_path / f"{name}.json"
-        f.write_text(json.dumps({"model_type": "gemma3n", "text_config": Gemma3nTextConfig(**published).to_dict()}))
+        f.write_text(json.dumps({"model_type": family, "text_config": config.to_dict()}))
         out[name] = f
     return out
 
 
-@pytest.mark.parametrize(("name", "layers"), [("E2B", 30), ("E4B", 35)])
-def test_published_shapes_from_config_json(tmp_path, capsys, name, layers):
-    config = _e2b_e4b(tmp_path)[name]
+def _transformers_count(config_json) -> int:
+    """Every parameter of the text model as transformers builds it (on 'meta', its tied head once)."""
+    from transformers import Gemma3nForCausalLM, Gemma3nTextConfig, Gemma4ForCausalLM, Gemma4TextConfig
+
+    data = json.loads(config_json.read_text())
+    lm_class, config_class = ((Gemma4ForCausalLM, Gemma4TextConfig) if data["model_type"] == "gemma4"
+                              else (Gemma3nForCausalLM, Gemma3nTextConfig))
+    with torch.device("meta"):
+        lm = lm_class(config_class.from_dict(data["text_config"]))
+    lm.tie_weights()
+    return sum(p.numel() for p in lm.parameters())
+
+
+@pytest.mark.parametrize(("name", "layers", "frozen"), [("E2B", 30, 2_421_916_768), ("E4B", 35, 4_486_425_328),
+                                                        ("Gemma 4 E2B", 35, 2_279_759_104)])
+def test_published_shapes_from_config_json(tmp_path, capsys, name, layers, frozen):
+    config = _published(tmp_path)[name]
     argv = ["train-memory", "--finetune", str(config), "--gpu-memory", "24GB", "--set", "batch_size=1",
             "--set", "seq_len=512"]
     assert main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     table = 262144 * layers * 256
     assert r["model"]["ple_table_params"] == table and r["model"]["table_shape"] == [262144, layers * 256]
+    # The tied output head is the embedding: counted once, as transformers counts the model.
+    assert r["model"]["frozen_params_without_table"] == frozen == _transformers_count(config) - table
     assert r["table_on_device_bytes"]["ple_table"] == 2 * table  # bf16: E2B 4.03 GB, E4B 4.70 GB
     assert r["table_saving_bytes"] == 2 * table and r["table_on_disk_bytes"]["ple_table"] == 0
     assert r["step"]["frozen_bytes_per_value"] == 2 and r["model"]["lora_params"] > 0
@@ -82,6 +110,18 @@ def test_published_shapes_from_config_json(tmp_path, capsys, name, layers):
     if name == "E2B":  # the text form once (each plan runs a 'meta' forward of the whole model)
         assert main(argv) == 0
         assert "leaving the table on disk saves" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("plant", [None, "alive"])  # the tiny checkpoints tie their head, except the 'alive' one
+def test_a_tied_head_is_counted_once_and_an_untied_one_counted(make_gemma, capsys, plant):
+    from transformers import AutoModelForCausalLM
+
+    folder = make_gemma("gemma4", plant=plant)
+    lm = AutoModelForCausalLM.from_pretrained(folder)
+    assert (lm.lm_head.weight is lm.model.embed_tokens.weight) == (plant is None)
+    assert main(["train-memory", "--finetune", str(folder), "--set", "seq_len=64", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["model"]["frozen_params_without_table"] == sum(p.numel() for p in lm.parameters()) - 320 * 16
 
 
 def test_plan_of_a_checkpoint_folder_and_bad_input(make_gemma, capsys):
@@ -94,3 +134,5 @@ def test_plan_of_a_checkpoint_folder_and_bad_input(make_gemma, capsys):
     assert main(["train-memory", "--finetune", str(folder), "--set", "seq_len=64",
                  "--set", "finetune.targets=nope"]) == 2
     assert "no linear layer named 'nope'" in capsys.readouterr().err
+    assert main(["train-memory", "--finetune", str(folder), "--json"]) == 0  # the default 512 cut to the context, 128
+    assert json.loads(capsys.readouterr().out)["step"]["seq_len"] == 128

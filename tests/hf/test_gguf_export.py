@@ -4,6 +4,9 @@ and `plelab diagnose --hf` on an `export-hf` folder (pad id 0 / 1 against the on
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -154,14 +157,36 @@ def test_bad_input_is_one_line_and_writes_nothing(run, tmp_path, capsys):
     assert not list(tmp_path.glob(".bad.gguf*"))
 
 
-def test_type_that_cannot_hold_a_row_is_refused(tmp_path_factory, capsys):
+def test_a_type_that_cannot_hold_a_row_falls_back_per_tensor_and_says_so(tmp_path_factory, capsys):
+    """The mini-ple preset's FFN width, 344, divides into no block of 32 (q8_0, q4_0) or 256 (q4_k): those tensors
+    are written as llama.cpp's quantizer writes them (f16) and reported; --strict-types refuses instead."""
     root = tmp_path_factory.mktemp("narrow")
-    run = train_run(root, "ffn384", gemma_tokenizer(root), steps=1, ffn=384)  # ffn_down rows: 384 values
+    run = train_run(root, "ffn344", gemma_tokenizer(root), steps=1, ffn=344)  # ffn_down rows: 344 values
     out = root / "x.gguf"
-    err = one_line_error(capsys, ["export-gguf", str(run), str(out), "--type", "q4_k"])
-    assert "blk.0.ffn_down.weight has rows of 384 values, not a multiple of q4_k's block of 256" in err
-    assert not out.exists() and not list(root.glob(".x.gguf*"))
-    assert main(["export-gguf", str(run), str(out), "--type", "q4_0"]) == 0  # 384 = 12 blocks of 32
+    for wanted in ("q8_0", "q4_0"):
+        assert main(["export-gguf", str(run), str(out), "--type", wanted, "--overwrite", "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["fallbacks"] == [{"tensor": f"blk.{i}.ffn_down.weight", "wanted": wanted, "used": "f16",
+                                        "row": 344} for i in range(2)]
+        _, tensors = read(out)
+        assert tensors["blk.0.ffn_down.weight"].tensor_type.name == "F16"
+        assert tensors["blk.0.ffn_up.weight"].tensor_type.name == wanted.upper()
+    assert main(["export-gguf", str(run), str(out), "--type", "q8_0", "--overwrite"]) == 0
+    assert "blk.0.ffn_down.weight: rows of 344 values do not divide into q8_0's blocks; written as f16" in (
+        capsys.readouterr().out)
+    err = one_line_error(capsys, ["export-gguf", str(run), str(root / "y.gguf"), "--type", "q4_k", "--strict-types"])
+    assert "blk.0.ffn_down.weight has rows of 344 values, not a multiple of q4_k's block of 256" in err
+    assert not (root / "y.gguf").exists() and not list(root.glob(".y.gguf*"))
+
+
+def test_the_fallback_is_llama_cpps():
+    from plelab.hf.gguf_types import fitting_type
+
+    assert fitting_type(gguf_type("q4_k"), 384).name == "q5_0"  # 384 = 12 blocks of 32, not of 256
+    assert fitting_type(gguf_type("q6_k"), 384).name == "q8_0"
+    assert fitting_type(gguf_type("q2_k"), 384).name == "iq4_nl"
+    assert fitting_type(gguf_type("q4_k"), 344).name == "f16"
+    assert fitting_type(gguf_type("q4_k"), 512).name == "q4_k"
 
 
 def test_kv_sharing_llama_cpp_computes_differently_is_refused(tmp_path_factory, capsys):
@@ -175,3 +200,102 @@ def test_kv_sharing_llama_cpp_computes_differently_is_refused(tmp_path_factory, 
     run = train_run(root, "allfull", gemma_tokenizer(root), steps=1, gemma4='layer_types = ["full_attention", '
                     '"full_attention"]\n')
     assert "sliding-attention" in one_line_error(capsys, ["export-gguf", str(run), str(out)])
+
+
+def test_no_export_lands_on_a_file_of_a_run_or_in_its_checkpoints(run, tmp_path, capsys, monkeypatch):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    newest = max((copy / "checkpoints").glob("step_*"))
+    older = copy / "checkpoints" / "step_00000001"
+    shutil.copytree(newest, older)
+    (tmp_path / "link").symlink_to(copy)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    rel_newest = newest.relative_to(tmp_path)
+    for out in ("run/config.json", str(copy / "config.json"), "link/config.json", "./link/../run/metrics.jsonl"):
+        for cmd in (["export-gguf", str(older), out], ["export", str(older), "--out", out]):
+            for extra in ((), ("--overwrite",)):
+                assert "inside the training run" in one_line_error(capsys, [*cmd, *extra])
+    # A new file in another checkpoint folder: the next prune would delete it.
+    for out in (f"{rel_newest}/x.gguf", str(newest / "x.gguf"), f"link/checkpoints/{newest.name}/x.gguf"):
+        assert "inside the training run" in one_line_error(capsys, ["export-gguf", str(older), out])
+    assert "names a folder" in one_line_error(capsys, ["export-gguf", str(older), f"{rel_newest}/"])
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_never_replaces_a_fifo_or_device(run, tmp_path, capsys):
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    for cmd in (["export-gguf", str(run), str(fifo)], ["export", str(run), "--out", str(fifo)]):
+        assert "is a FIFO (named pipe), not a regular file" in one_line_error(capsys, [*cmd, "--overwrite"])
+    assert fifo.is_fifo()
+    if os.geteuid() == 0:  # a device node of our own (a copy of /dev/null's numbers), never the system's
+        node = tmp_path / "null"
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        assert "character device" in one_line_error(capsys, ["export-gguf", str(run), str(node), "--overwrite"])
+        assert node.is_char_device()
+
+
+def test_a_tensor_type_override_that_matches_nothing_is_refused(run, tmp_path, capsys):
+    out = tmp_path / "x.gguf"
+    for override in ("ple_tabel=q8_0", r"blk\.99\.ffn_down=q8_0", "ffn_down=q8_0"):
+        err = one_line_error(capsys, ["export-gguf", str(run), str(out), "--tensor-type", override])
+        assert f"--tensor-type {override} matches no matrix of this model" in err and "ple_table" in err, err
+    assert not out.exists()
+    assert main(["export-gguf", str(run), str(out), "--tensor-type", r"blk\.\d+\.ffn_down=q8_0"]) == 0
+
+
+def test_a_corrupt_tokenizer_config_is_one_line(run, tmp_path, capsys):
+    from plelab.hf.recipe_model import open_model
+    from plelab.hf.recipe_run import gguf_blocker
+
+    hf = tmp_path / "hf"
+    assert main(["export-hf", str(run), str(hf)]) == 0
+    (hf / "tokenizer_config.json").write_text('{"bos_token": ')
+    err = one_line_error(capsys, ["export-gguf", "--hf", str(hf), str(tmp_path / "x.gguf")])
+    assert "transformers cannot read its tokenizer (JSONDecodeError" in err and "tokenizer_config.json" in err
+    assert not (tmp_path / "x.gguf").exists()
+    assert "transformers cannot read its tokenizer" in gguf_blocker(open_model(hf, hf=True))  # quant-recipe --hf
+
+
+def test_a_full_disk_is_one_line_naming_the_file(run, tmp_path, capsys):
+    """A real full disk: a 64 KiB tmpfs (root only; skipped elsewhere), far smaller than the GGUF."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        err = one_line_error(capsys, ["export-gguf", str(run), str(disk / "x.gguf")])
+        assert f"cannot write {disk / 'x.gguf'}: No space left on device (the disk or quota is full)" in err, err
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_export_of_a_run_that_checkpoints_and_prunes_while_it_is_read(run, tmp_path, monkeypatch):
+    """A run still training with keep_checkpoints = 1 writes a checkpoint and prunes the older one while an export
+    reads it (at the E2B shape, on every export). Here that moment is made to come at once: right after the export
+    verified its checkpoint, the trainer's own save and prune run. The checkpoint being read must survive."""
+    import plelab.inference.load as load
+    from plelab.runs.checkpoint import prune_checkpoints
+
+    live = tmp_path / "live"
+    shutil.copytree(run, live)
+    ckpts = live / "checkpoints"
+    verify = load.verify_checkpoint
+
+    def verify_then_train_on(ckpt):
+        verify(ckpt)
+        newer = ckpts / f"step_{int(ckpt.name.split('_')[1]) + 1:08d}"
+        shutil.copytree(ckpt, newer)  # the trainer's next checkpoint ...
+        (ckpts / "LATEST").write_text(newer.name)
+        prune_checkpoints(ckpts, keep=1)  # ... and its prune, as Trainer.save does
+
+    monkeypatch.setattr(load, "verify_checkpoint", verify_then_train_on)
+    assert main(["export-gguf", str(live), str(tmp_path / "live.gguf")]) == 0
+    assert read(tmp_path / "live.gguf")[1]
+    monkeypatch.undo()
+    prune_checkpoints(ckpts, keep=1)  # the trainer's next prune removes the one that was read
+    assert len(list(ckpts.glob("step_*"))) == 1

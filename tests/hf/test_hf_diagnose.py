@@ -98,3 +98,60 @@ def test_npy_token_array_is_one_domain_and_ids_are_checked(make_gemma, tmp_path,
     capsys.readouterr()
     assert main(["diagnose", "--hf", str(folder), "--data", str(tmp_path / "bad.npy"), *SMALL]) == 2
     assert f"token id {gemma_vocab}" in capsys.readouterr().err
+
+
+def _never_loaded(monkeypatch):
+    """Make loading the model an error: a refusal must come before the model's gigabytes are read."""
+    import plelab.hf.model
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(plelab.hf.model, "load_text_model", refuse)
+
+
+def test_a_prepared_data_folder_is_read_and_progress_is_told(make_gemma, finetune_data, capsys):
+    folder = make_gemma("gemma4")
+    assert main(["diagnose", "--hf", str(folder), "--data", str(finetune_data[0]), *SMALL, "--json"]) == 0
+    captured = capsys.readouterr()
+    r = json.loads(captured.out)
+    assert list(r["domains"]) == [finetune_data[0].name] and "split 'val' of a prepared dataset" in r["data"]["source"]
+    err = captured.err
+    passes = 1 + 1 + 3 * (2 + 1)  # statistics, the model as it is, 3 ablations of each of 2 layers and of both
+    assert f"diagnosing 2 layer(s) of {folder}: {passes} passes over 2 batch(es) of 2 x 24 tokens" in err
+    assert "the first pass took" in err and f"for all {passes}" in err
+    assert f"layer 1 ablated: {passes - 3}/{passes} passes" in err and "left" in err
+
+
+def test_data_of_another_tokenizer_is_refused_before_the_model_loads(make_gemma, tmp_path, capsys, monkeypatch):
+    from plelab.data.prepare import prepare_dataset
+    from plelab.data.tokenizer import Tokenizer
+
+    (tmp_path / "t.txt").write_text("some text in bytes\n" * 200)
+    prepare_dataset([tmp_path / "t.txt"], Tokenizer.byte_level(), tmp_path / "bytes", progress=False)
+    capsys.readouterr()
+    _never_loaded(monkeypatch)
+    assert main(["diagnose", "--hf", str(make_gemma("gemma4")), "--data", str(tmp_path / "bytes"), *SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "was tokenized with another tokenizer" in err, err
+
+
+def test_a_nan_row_of_the_table_is_refused_before_the_model_loads(make_gemma, valid_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from plelab.data.tokenizer import Tokenizer
+
+    folder = tmp_path / "nan"
+    shutil.copytree(make_gemma("gemma4"), folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    table = next(k for k in weights if k.endswith("embed_tokens_per_layer.weight"))
+    token = Tokenizer.load(folder).encode((valid_dir / "prose.txt").read_text())[5]
+    weights[table][token, 3] = float("nan")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    _never_loaded(monkeypatch)
+    assert main(["diagnose", "--hf", str(folder), "--data", str(valid_dir), *SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"the PLE table's row {token}" in err and "NaN" in err, err

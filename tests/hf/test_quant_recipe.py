@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -144,9 +145,20 @@ def test_rerun_resumes_and_refuses_to_overwrite(llama_run, tmp_path, capsys):
 
 def test_budget_below_the_smallest_recipe_writes_nothing(llama_run, tmp_path, capsys):
     out = tmp_path / "tiny-budget"
-    err = one_line_error(capsys, ["quant-recipe", str(llama_run), "--eval", str(llama_run.parent / "valid"),
-                                  "--out", str(out), "--formats", "fp16,int4/32", "--budget", "2k"])
-    assert "below the smallest recipe" in err and not out.exists()
+    base = ["quant-recipe", str(llama_run), "--eval", str(llama_run.parent / "valid"), "--out", str(out),
+            "--formats", "fp16,int4/32"]
+    err = one_line_error(capsys, [*base, "--budget", "2k"])
+    # Said in the option's own terms: the whole model's bytes the smallest recipe takes, and what the budget allows.
+    smallest = re.search(r"it takes ([\d,]+) bytes of weights \(([\d,]+) in the quantized groups \+ ([\d,]+) kept "
+                         r"unquantized\), the budget allows 2,000; give at least \1 or a smaller format", err)
+    assert err.count("--budget 2k is below the smallest recipe of fp16, int4/32") == 1 and smallest, err
+    whole, groups, fixed = (int(x.replace(",", "")) for x in smallest.groups())
+    assert whole == groups + fixed
+    err = one_line_error(capsys, [*base, "--budget", f"{fixed // 2}"])
+    assert f"is below what the norms and other weights kept unquantized take alone ({fixed:,} bytes)" in err
+    assert "q4_0 is not among the formats measured (fp16, int4/32)" in one_line_error(capsys, [*base, "--budget",
+                                                                                                 "q4_0"])
+    assert not out.exists()
     assert "no such file" in one_line_error(capsys, ["quant-recipe", str(llama_run), "--eval", str(tmp_path / "no"),
                                                      "--out", str(out)])
     assert not out.exists()
@@ -245,3 +257,28 @@ def test_per_tensor_encodings_leave_other_files_unchanged(llama_run, tmp_path):
             assert a.sha256 == b.sha256, a.name
     with PleFile(tmp_path / "restated.ple") as f:
         assert f.layout.quant["encodings"]["ple"] == {"dtype": "int4", "group": 32}
+
+
+def test_a_window_past_the_context_or_bad_ids_are_refused_before_out_is_made(llama_run, tmp_path, capsys):
+    out = tmp_path / "r"
+    base = ["quant-recipe", str(llama_run), "--out", str(out), "--formats", "fp16,int4/32", "--no-export"]
+    err = one_line_error(capsys, [*base, "--eval", str(llama_run.parent / "valid"), "--seq-len", "64"])
+    assert "--seq-len 64 is longer than the model's context (32 tokens)" in err
+    for name, ids, message in (("minus.npy", np.array([5, 7, -1, 9] * 50), "holds token id -1"),
+                               ("nan.npy", np.array([5.0, np.nan] * 100), "holds float64 values")):
+        np.save(tmp_path / name, ids)
+        err = one_line_error(capsys, [*base, "--eval", str(tmp_path / name), "--seq-len", "16"])
+        assert message in err, err
+    assert not out.exists()
+    assert main([*base, "--eval", str(llama_run.parent / "valid"), "--tokens", "100", "--json"]) == 0
+    assert "in windows of 32" in json.loads(capsys.readouterr().out)["held_out"]  # the default, fitted to the model
+
+
+def test_overwrite_without_export_removes_the_earlier_recipes_files(llama_run, tmp_path, capsys):
+    out = tmp_path / "again"
+    argv = ["quant-recipe", str(llama_run), "--eval", str(llama_run.parent / "valid"), "--out", str(out),
+            "--tokens", "100", "--seq-len", "32", "--formats", "fp16,int4/32", "--budget", "int4/32"]
+    assert main(argv) == 0 and (out / "recipe.ple").is_file()
+    assert main([*argv, "--overwrite", "--no-export"]) == 0
+    assert not (out / "recipe.ple").exists()
+    assert json.loads((out / "recipe.json").read_text())["files"] == {}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kill_helpers import hidden_leftovers, killed_before_rename
 from parity_helpers import randomise_
 
 pytest.importorskip("transformers")
@@ -105,10 +106,12 @@ def test_export_overwrite_never_deletes_the_run_or_the_users_files(setup, tmp_pa
     err = one_line_error(capsys, ["export-hf", str(run), str(runs), "--overwrite"])  # OUT holds the run
     assert "inside the output folder" in err
     err = one_line_error(capsys, ["export-hf", str(run), str(run / "checkpoints"), "--overwrite"])  # OUT in the run
-    assert "inside the run" in err
+    assert "inside the input folder" in err
     ckpt = next((run / "checkpoints").glob("step_*"))
+    err = one_line_error(capsys, ["export-hf", str(ckpt), str(run / "hf"), "--overwrite"])  # in the checkpoint's run
+    assert "inside the training run" in err
     err = one_line_error(capsys, ["export-hf", str(ckpt), str(run), "--overwrite"])  # a checkpoint of the run
-    assert "inside the output folder" in err
+    assert "is the folder of the training run" in err
     assert sorted(p.relative_to(runs) for p in runs.rglob("*")) == before
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -255,3 +258,13 @@ def test_init_from_hf_under_torchrun_loads_each_ranks_rows_of_the_table(setup, h
     for ours, tensor in model.state_dict().items():
         start = hf_weights["model." + ours.replace("per_layer_inputs.", "").replace(".ple.", ".")]
         assert (tensor - start).abs().max() <= 1e-3, ours
+
+
+def test_a_killed_export_leaves_a_folder_the_next_export_removes(setup, tmp_path):
+    out = tmp_path / "hf-killed"
+    killed_before_rename(["export-hf", str(setup / "run"), str(out), "--transformers-only"])
+    assert not out.exists()
+    (left,) = hidden_leftovers(tmp_path, "hf-killed")
+    assert (left / "model.safetensors").is_file()  # the model-sized leftover
+    assert main(["export-hf", str(setup / "run"), str(tmp_path / "other"), "--transformers-only"]) == 0
+    assert not hidden_leftovers(tmp_path, "hf-killed") and not hidden_leftovers(tmp_path, "other")

@@ -40,3 +40,20 @@ def test_weights_only_mglu_checkpoint_stores_masks_at_one_bit(tmp_path):
     loaded, _ = load_model(ckpt)
     ids = torch.randint(0, 256, (1, 12))
     assert torch.allclose(loaded(ids)[0], model(ids)[0], atol=1e-6)
+
+
+def test_a_checkpoint_being_read_is_not_pruned_until_the_reader_is_done(tmp_path):
+    from plelab.runs.checkpoint import prune_checkpoints, reading_checkpoint
+
+    model = LanguageModel(load_model_config("tiny"))
+    ckpts = tmp_path / "run" / "checkpoints"
+    first = save_checkpoint(ckpts / "step_00000001", model)
+    with reading_checkpoint(tmp_path / "run") as held:
+        assert held == first
+        save_checkpoint(ckpts / "step_00000002", model)
+        prune_checkpoints(ckpts, keep=1)  # what the trainer does after each checkpoint
+        assert first.is_dir() and load_model(held)[0] is not None  # still whole while it is read
+    prune_checkpoints(ckpts, keep=1)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002"]
+    with reading_checkpoint(tmp_path / "run") as held:  # the newest, now
+        assert held.name == "step_00000002"

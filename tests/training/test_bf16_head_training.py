@@ -78,7 +78,7 @@ def test_bf16_head_is_a_config_value_of_its_own_hash(tmp_path):
 def test_soft_capped_logits_are_refused_under_bf16_head(tmp_path):
     make_dataset(tmp_path)
     path = write_config(tmp_path, dtype="bf16-head")
-    with pytest.raises(ConfigError, match="soft-capped"):
+    with pytest.raises(ConfigError, match=r"soft-capped logits \(model.gemma4.final_logit_softcap = 30\) do not use"):
         load_train_config(path, ["model.arch=gemma4", "model.gemma4.final_logit_softcap=30.0"])
 
 

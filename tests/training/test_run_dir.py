@@ -63,9 +63,11 @@ def test_train_into_a_folder_that_is_not_this_run_is_refused_unless_overwrite(se
     foreign.mkdir()
     (foreign / "config.json").write_text('{"mine": true}')
     (foreign / "metrics.jsonl").write_text("precious\n")
-    rc, _, err = train(capsys, str(cfg), "--out", str(foreign))
-    assert rc == 2
-    one_line_error(err, "already holds a different run", "--overwrite")
+    for extra in ((), ("--overwrite",)):  # a config.json that is not a run's is never replaced
+        rc, _, err = train(capsys, str(cfg), "--out", str(foreign), *extra)
+        assert rc == 2
+        one_line_error(err, "holds config.json, which is not a plelab run's", "pick a new --out")
+    assert (foreign / "config.json").read_text() == '{"mine": true}'
     assert (foreign / "metrics.jsonl").read_text() == "precious\n"
 
     other = setup / "other"
@@ -188,4 +190,15 @@ def test_an_unknown_or_unavailable_device_is_one_line(setup, capsys):
     rc, _, err = train(capsys, str(cfg), "--out", str(setup / "run"), "--set", "device=foo")
     assert rc == 2
     one_line_error(err, "unknown device 'foo'")
+    assert not (setup / "run").exists()
+
+
+def test_a_replaced_tokenizer_in_the_prepared_data_is_refused(setup, capsys):
+    from plelab.data.tokenizer import Tokenizer
+
+    cfg = write_config(setup, max_steps=2)
+    Tokenizer.byte_level(extra_special_tokens=["<|other|>"]).save(setup / "data" / "tokenizer.json")
+    rc, _, err = train(capsys, str(cfg), "--out", str(setup / "run"))
+    assert rc == 2
+    one_line_error(err, "data/tokenizer.json is not the tokenizer", "was prepared with", "prepare the data again")
     assert not (setup / "run").exists()

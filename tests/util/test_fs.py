@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from plelab.errors import PlelabError
-from plelab.util.fs import atomic_writer, check_output_path, remove_stale_temp_files
+from plelab.util.fs import atomic_writer, check_output_path, remove_stale_temp_files, sampled_sha256
 
 
 def dead_pid() -> int:
@@ -64,3 +66,20 @@ def test_check_output_path_refusals(tmp_path):
     with pytest.raises(PlelabError, match="not a folder"):
         check_output_path(src, overwrite=True, is_dir=True)
     assert check_output_path(tmp_path / "new" / "deeper" / "x.ple") == tmp_path / "new" / "deeper" / "x.ple"
+
+
+def test_sampled_sha256_tells_apart_same_size_files_and_reads_little(tmp_path):
+    rng = np.random.default_rng(0)
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(rng.bytes(3 << 20))
+    b.write_bytes(rng.bytes(3 << 20))
+    assert sampled_sha256(a) != sampled_sha256(b)
+    assert sampled_sha256(a) == sampled_sha256(shutil.copyfile(a, tmp_path / "c.bin"))
+    big = tmp_path / "big.bin"  # 64 GiB, sparse: hashing it whole would take minutes, sampling it does not
+    with open(big, "wb") as f:
+        f.truncate(64 << 30)
+    before = sampled_sha256(big)
+    with open(big, "r+b") as f:
+        f.seek((64 << 30) - 1)
+        f.write(b"x")
+    assert sampled_sha256(big) != before  # the last block is always sampled

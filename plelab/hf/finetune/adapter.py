@@ -3,7 +3,8 @@
     adapter_config.json        peft LoraConfig (r, alpha, target_modules as one regex over the decoder layers)
     adapter_model.safetensors  base_model.model.<checkpoint's name of the layer>.lora_A/B.weight, float32
     table_delta.safetensors    only when the table trained: rows + their change (see table_delta.py)
-    plelab_finetune.json       what was trained from what: base folder, step, targets, table mode
+    plelab_finetune.json       what was trained from what: base folder and its fingerprint (resume and merge
+                               refuse a base that now holds other weights), step, targets, table mode
 
 `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), FOLDER)` loads it: names carry
 `model.` for a text-only checkpoint and `model.language_model.` for a multimodal one, as transformers
@@ -13,9 +14,9 @@ builds each. peft ignores the delta file; `apply_table_delta(model, FOLDER / DEL
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plelab.errors import PlelabError
-from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint
+from plelab.hf.checkpoint import TABLE_SUFFIX, HFCheckpoint, read_json_object
 from plelab.hf.finetune.model import INTERNAL_PREFIX, FinetuneModel, lora_config
-from plelab.hf.finetune.table_delta import DELTA_FILE, load_delta, save_delta
-from plelab.util.fs import fsync_dir
+from plelab.hf.finetune.table_delta import DELTA_FILE, check_trained_values, load_delta, save_delta
+from plelab.util.fs import replace_folder, staging_dir
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -49,8 +50,7 @@ def peft_key(ckpt: HFCheckpoint, internal_path: str, which: str) -> str:
 def write_adapter(model: FinetuneModel, ckpt: HFCheckpoint, out: Path, record: dict[str, Any]) -> Path:
     """Write the adapter folder `out` atomically (a temp folder renamed into place, replacing an older one)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    tmp = staging_dir(out)
     try:
         weights = {}
         for path, (a, b) in model.adapter_tensors().items():
@@ -68,29 +68,11 @@ def write_adapter(model: FinetuneModel, ckpt: HFCheckpoint, out: Path, record: d
         for name in [*files, RECORD]:
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
-        _replace_folder(tmp, out)
+        replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _replace_folder(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is renamed aside first and removed after (never half of both)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def remove_stale(parent: Path, name: str) -> None:
-    """Remove temp and renamed-aside folders a killed `write_adapter` / merge left beside `parent / name`."""
-    for p in [*parent.glob(f".{name}.tmp*"), *parent.glob(f".{name}.old*")]:
-        shutil.rmtree(p, ignore_errors=True)
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:
@@ -105,6 +87,16 @@ def read_record(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def check_base_unchanged(record: dict[str, Any] | None, ckpt: HFCheckpoint, fingerprint: str | None = None) -> None:
+    """Refuse (one line) a base folder whose weights differ from those an adapter record says it was trained on
+    (records written before fingerprints were kept are not checked)."""
+    expected = (record or {}).get("base_fingerprint")
+    if expected and expected != (fingerprint or ckpt.fingerprint()):
+        raise PlelabError(f"{ckpt.path} no longer holds the weights this fine-tune was trained on (its fingerprint "
+                          f"changed since step 0): the adapters fit only those; put the original folder back, or "
+                          "fine-tune the new one in a new run")
+
+
 def read_adapter(folder: Path, ckpt: HFCheckpoint) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float,
                                                               tuple[torch.Tensor, torch.Tensor] | None]:
     """({checkpoint tensor name of the adapted weight: (A, B)}, alpha / r, (rows, delta) or None) of an adapter
@@ -113,21 +105,47 @@ def read_adapter(folder: Path, ckpt: HFCheckpoint) -> tuple[dict[str, tuple[torc
     for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
         if not (folder / name).is_file():
             raise PlelabError(f"{folder}: no {name} (not an adapter folder)")
-    cfg = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    weights = load_file(str(folder / ADAPTER_WEIGHTS))
+    rank, alpha = _rank_and_alpha(folder / ADAPTER_CONFIG)
+    try:
+        weights = load_file(str(folder / ADAPTER_WEIGHTS))
+    except Exception as exc:  # safetensors raises its own error types for a truncated or corrupt file
+        raise PlelabError(f"{folder / ADAPTER_WEIGHTS}: not readable safetensors ({str(exc).splitlines()[0][:120]}); "
+                          "the file is damaged") from None
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in weights.items():
-        stem, which, _ = key.removeprefix("base_model.model.").rsplit(".", 2)
-        pairs.setdefault(stem + ".weight", {})[which] = t
+        parts = key.removeprefix("base_model.model.").rsplit(".", 2)
+        if len(parts) != 3 or parts[1] not in ("lora_A", "lora_B"):
+            raise PlelabError(f"{folder / ADAPTER_WEIGHTS}: {key} is not a LoRA weight (NAME.lora_A.weight or "
+                              "NAME.lora_B.weight)")
+        pairs.setdefault(parts[0] + ".weight", {})[parts[1]] = t
     out = {}
     for name, p in pairs.items():
         if set(p) != {"lora_A", "lora_B"}:
             raise PlelabError(f"{folder}: {name} has {sorted(p)} but needs lora_A and lora_B")
         if name.removeprefix(ckpt.prefix) not in ckpt.tensors:
             raise PlelabError(f"{folder}: the adapter changes {name}, which {ckpt.path} does not hold")
-        out[name] = (p["lora_A"], p["lora_B"])
+        a, b = p["lora_A"], p["lora_B"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise PlelabError(f"{folder}: {name}'s lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are not of "
+                              f"rank r = {rank} (adapter_config.json)")
+        for which, t in (("lora_A", a), ("lora_B", b)):
+            check_trained_values(folder / ADAPTER_WEIGHTS, f"{name}'s {which}", t.float())
+        out[name] = (a, b)
     delta = None
     if (folder / DELTA_FILE).is_file():
         rows, values, _ = load_delta(folder / DELTA_FILE, ckpt.table.shape)
         delta = (rows, values)
-    return out, float(cfg["lora_alpha"]) / int(cfg["r"]), delta
+    return out, alpha / rank, delta
+
+
+def _rank_and_alpha(path: Path) -> tuple[int, float]:
+    """(r, lora_alpha) of an adapter_config.json, each required and checked (one line for a damaged file)."""
+    cfg = read_json_object(path)
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise PlelabError(f"{path}: r must be a positive integer (the LoRA rank), got {rank!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        what = "missing" if alpha is None else repr(alpha)
+        raise PlelabError(f"{path}: lora_alpha must be a positive number (the LoRA scale is lora_alpha / r), got "
+                          f"{what}")
+    return rank, float(alpha)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plelab.data.loader import TokenDataset, VocabMismatchError
-from plelab.data.tokenizer import Tokenizer
+from plelab.data.loader import TokenDataset
+from plelab.data.tokenizer import Tokenizer, tokenizer_difference
 from plelab.errors import PlelabError
 from plelab.hf.checkpoint import HFCheckpoint
 from plelab.hf.finetune.config import FinetuneConfig
@@ -19,14 +19,15 @@ def check_finetune_inputs(cfg: FinetuneConfig, ckpt: HFCheckpoint) -> list[str]:
         raise PlelabError("no training data: give --data DIR, a folder from `plelab data prepare SOURCES "
                           f"--tokenizer {ckpt.tokenizer_json} --out DIR`")
     tokenizer = Tokenizer.load(cfg.tokenizer)
-    try:
-        TokenDataset(cfg.data, "train", vocab_size=cfg.model.vocab_size, tokenizer_sha256=tokenizer.sha256)
-    except VocabMismatchError as exc:
-        if "was tokenized with" not in str(exc):
-            raise
+    data = TokenDataset(cfg.data, "train")
+    # Compared by what decides the ids, not by the file's bytes: transformers re-saves a tokenizer.json with an
+    # empty post-processor, and data prepared with either file is the same data.
+    diff = tokenizer_difference(Tokenizer.load(data.tokenizer_path), tokenizer)
+    if diff:
         raise PlelabError(f"{cfg.data} was tokenized with another tokenizer than {ckpt.tokenizer_json} (the "
-                          f"checkpoint's); prepare it again with `plelab data prepare SOURCES --tokenizer "
-                          f"{ckpt.tokenizer_json} --out DIR`") from None
+                          f"checkpoint's: {diff}); prepare it again with `plelab data prepare SOURCES --tokenizer "
+                          f"{ckpt.tokenizer_json} --out DIR`")
+    data.check_compatible(vocab_size=cfg.model.vocab_size)
     if cfg.eval_data and not Path(cfg.eval_data).exists():
         raise PlelabError(f"eval_data {cfg.eval_data}: no such folder")
     return paths

@@ -15,10 +15,15 @@ so only one is in memory at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from plelab.data.tokenizer import Tokenizer, tokenizer_difference
 from plelab.diagnostics import verdict as V
 from plelab.diagnostics.ablation import ABLATION_MODES, pooled_loss
+from plelab.errors import PlelabError
+from plelab.hf.checkpoint import HFCheckpoint
 from plelab.hf.diagnose import hf_batch_losses, hf_ple_ablated, hf_probe_layers
 from plelab.hf.model import HFTextModel
 from plelab.stats.paired import paired, t_interval, t_test
@@ -91,18 +96,42 @@ def format_comparison(c: dict[str, Any], base: str) -> list[str]:
     return lines
 
 
-def diagnose_against_base(path: str, data: str, base: str, **options: Any) -> dict[str, Any]:
-    """`plelab diagnose --hf PATH` of a merged fine-tune, with report["finetune"]: its PLE use against the base
-    folder's on the same batches (one model in memory at a time). options: those of open_for_diagnosis."""
-    from pathlib import Path
+def check_comparable(tuned: str | Path, base: str | Path) -> None:
+    """Refuse (one line) a base that cannot be what `tuned` was fine-tuned from: another family, another tensor
+    shape anywhere in the text model (vocabulary, width, layers, PLE table), or another tokenizer."""
+    a, b = HFCheckpoint.open(tuned), HFCheckpoint.open(base)
+    why = None
+    if a.family != b.family:
+        why = f"it is a {b.family} checkpoint and {tuned} a {a.family} one"
+    else:
+        shapes_a, shapes_b = ({k: tuple(v.shape) for k, v in c.tensors.items()} for c in (a, b))
+        name = next((k for k in sorted(shapes_a.keys() | shapes_b.keys()) if shapes_a.get(k) != shapes_b.get(k)), None)
+        if name is not None:
+            why = (f"its {name} is {shapes_b.get(name) or 'absent'} against {shapes_a.get(name) or 'absent'} in "
+                   f"{tuned}")
+        elif a.tokenizer_json and b.tokenizer_json:
+            diff = tokenizer_difference(Tokenizer.load(a.tokenizer_json), Tokenizer.load(b.tokenizer_json))
+            why = f"the tokenizers differ: {diff}" if diff else None
+    if why:
+        raise PlelabError(f"--base {base} is not the model {tuned} was fine-tuned from ({why}); give the folder "
+                          "it was trained from")
 
+
+def diagnose_against_base(path: str, data: str, base: str, progress: Callable[[str], None] | None = None,
+                          **options: Any) -> dict[str, Any]:
+    """`plelab diagnose --hf PATH` of a merged fine-tune, with report["finetune"]: its PLE use against the base
+    folder's on the same batches (one model in memory at a time). options: those of open_for_diagnosis;
+    progress: see diagnose_hf."""
     from plelab.hf.diagnose import folder_report, open_for_diagnosis
 
+    gone = not Path(base).is_dir()
+    if not gone:
+        check_comparable(path, base)  # before either model is loaded
     model, kwargs, data_desc = open_for_diagnosis(path, data, **options)
-    report = folder_report(model, kwargs, data_desc)
+    report = folder_report(model, kwargs, data_desc, progress)
     tuned = measure_ple_use(model, kwargs["batches"], options.get("layers"))
     del model
-    if not Path(base).is_dir():
+    if gone:
         report["notes"].append(f"the base folder {base} is gone: no comparison of PLE use with it (pass --base PATH)")
         return report
     options.pop("data", None)

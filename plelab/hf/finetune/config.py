@@ -73,6 +73,10 @@ class FinetuneSettings:
                 raise ConfigError(f"finetune.{name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
+DEFAULT_SEQ_LEN = 512
+"""Tokens per sequence when none is set, cut to the checkpoint's context when that is shorter."""
+
+
 @dataclass
 class FinetuneConfig(TrainConfig):
     """A LoRA fine-tuning run: every TrainConfig field, LoRA-suited defaults, and `finetune`."""
@@ -89,8 +93,9 @@ class FinetuneConfig(TrainConfig):
     """Optimizer steps to train."""
     batch_size: int = 8
     """Sequences per micro-batch."""
-    seq_len: int = 512
-    """Tokens per sequence (at most the checkpoint's max_position_embeddings)."""
+    seq_len: int = DEFAULT_SEQ_LEN
+    """Tokens per sequence (at most the checkpoint's max_position_embeddings; when not set, the smaller of the
+    two)."""
     sparse_ple: bool = False
     """Set from finetune.table (true iff "sparse"); not set by hand."""
     finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
@@ -98,6 +103,9 @@ class FinetuneConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         self.sparse_ple = self.finetune.table == "sparse"
+        if self.dtype == "bf16-head":
+            raise ConfigError("dtype = bf16-head speeds up plelab's own fused output head + loss, which a Hugging Face "
+                              "model does not run (its losses would be fp32's): choose fp32 or bf16")
         super().__post_init__()
         if self.diagnostics_every:
             raise ConfigError("diagnostics_every watches plelab models; for a fine-tune run `plelab diagnose --hf` "
@@ -105,6 +113,10 @@ class FinetuneConfig(TrainConfig):
         if self.parallel == "fsdp":
             raise ConfigError("parallel = fsdp: fine-tuning replicates the adapters with ddp (the frozen model is "
                               "not sharded); use parallel = ddp")
+
+    def input_paths(self) -> tuple[str, ...]:
+        """The run's inputs and the checkpoint it fine-tunes."""
+        return (*super().input_paths(), *([self.finetune.hf] if self.finetune.hf else []))
 
 
 def model_config_of(ckpt: HFCheckpoint) -> ModelConfig:
@@ -153,7 +165,15 @@ def load_finetune_config(source: str | Path | dict[str, Any] | None, overrides: 
                           "(to check and evaluate the data); copy it from the model's release")
     data["model"] = to_dict(model_config_of(ckpt))
     data["tokenizer"] = str(ckpt.tokenizer_json)
-    return from_dict(FinetuneConfig, data), ckpt
+    return from_dict(FinetuneConfig, fit_seq_len(data)), ckpt
+
+
+def fit_seq_len(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (with its "model") whose seq_len, when not given, is DEFAULT_SEQ_LEN or the model's context when that
+    is shorter: a default the checkpoint cannot take would only be refused."""
+    if "seq_len" not in data:
+        data = {**data, "seq_len": min(DEFAULT_SEQ_LEN, data["model"]["max_seq_len"])}
+    return data
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:

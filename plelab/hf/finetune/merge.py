@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ import torch
 
 from plelab.errors import PlelabError
 from plelab.hf.checkpoint import INDEX, TABLE_SUFFIX, HFCheckpoint, _shard_files
-from plelab.hf.finetune.adapter import RECORD, read_adapter
-from plelab.util.fs import check_output_path, fsync_dir
+from plelab.hf.finetune.adapter import RECORD, check_base_unchanged, read_adapter, read_record
+from plelab.util.fs import check_output_path, fsync_dir, replace_folder, staging_dir
 from plelab.util.safetensors import DTYPES, TensorInfo, read_header, read_rows
 
 CHUNK_BYTES = 16 << 20
@@ -108,6 +107,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path, record
     returns what was merged. An existing `out` is refused."""
     ckpt = HFCheckpoint.open(base)
     out = check_output_path(out, is_dir=True, inputs=(ckpt.path, adapter))
+    check_base_unchanged(read_record(Path(adapter)), ckpt)
     adapted, scaling, delta = read_adapter(Path(adapter), ckpt)
     changes: dict[str, Any] = {}
     for name, (a, b) in adapted.items():
@@ -118,8 +118,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path, record
         order = torch.argsort(rows)
         rows_np, values = rows[order].numpy(), values[order].float()
         changes[ckpt.prefix + TABLE_SUFFIX] = lambda: _table_with_delta(ckpt.table, rows_np, values)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    tmp = staging_dir(out)
     try:
         shards = _shard_files(ckpt.path)
         for shard in shards:
@@ -134,10 +133,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path, record
                    "shards": [s.name for s in shards], "copied": copied, **(record or {})}
         (tmp / RECORD).write_text(json.dumps(summary, indent=2))
         fsync_dir(tmp)
-        if out.exists():  # an empty folder (check_output_path refused a non-empty one)
-            out.rmdir()
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
+        replace_folder(tmp, out)  # out is absent or an empty folder: check_output_path refused a non-empty one
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -82,7 +82,8 @@ class TableWithDelta(nn.Module):
 
     def slots(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot of each id in the delta, whether the id has one); ids without a slot read slot 0, masked."""
-        slot = torch.searchsorted(self.rows, ids).clamp_(max=len(self.rows) - 1)
+        # Batches are slices (x[:, :-1]), not contiguous; searchsorted warns on every run if given one.
+        slot = torch.searchsorted(self.rows, ids.contiguous()).clamp_(max=len(self.rows) - 1)
         return slot, self.rows[slot] == ids
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -131,7 +132,25 @@ def load_delta(path: Path, table_shape: tuple[int, int] | None = None) -> tuple[
         if delta.shape[1] != width or (len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= n)):
             raise PlelabError(f"{path}: delta of width {delta.shape[1]} on rows up to {int(rows.max())} does not fit "
                               f"the checkpoint's table {tuple(table_shape)}")
+    if len(torch.unique(rows)) != len(rows):
+        raise PlelabError(f"{path}: a row appears more than once (a delta holds each row once); the file is damaged")
+    check_trained_values(path, "delta", delta.float())
     return rows, delta, meta
+
+
+TRAINED_LIMIT = 1e4
+"""Largest magnitude a trained value may have: Adam moves a value by about lr per step, so a fine-tune's adapters
+and table delta stay many orders below this; a file beyond it (1e30, say) is damaged or not a plelab fine-tune."""
+
+
+def check_trained_values(path: Path, name: str, values: torch.Tensor) -> None:
+    """Refuse (one line) a trained tensor holding NaN, infinity or a value past TRAINED_LIMIT."""
+    if values.numel() and not bool(torch.isfinite(values).all()):
+        raise PlelabError(f"{path}: {name} holds NaN or infinite values; the file is damaged (merging it would "
+                          "break the model)")
+    if values.numel() and float(values.abs().max()) > TRAINED_LIMIT:
+        raise PlelabError(f"{path}: {name} holds a value of magnitude {float(values.abs().max()):.3g}, past what "
+                          f"training produces ({TRAINED_LIMIT:g}); the file is damaged")
 
 
 def ple_table_parameter(model: nn.Module) -> nn.Parameter:

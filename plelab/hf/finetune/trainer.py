@@ -18,7 +18,7 @@ import torch
 
 from plelab.errors import PlelabError
 from plelab.hf.checkpoint import HFCheckpoint
-from plelab.hf.finetune.adapter import RECORD, read_record, remove_stale, write_adapter
+from plelab.hf.finetune.adapter import RECORD, check_base_unchanged, read_record, write_adapter
 from plelab.hf.finetune.config import FinetuneConfig
 from plelab.hf.finetune.model import FinetuneModel, build_finetune_model, resolve_base_dtype
 from plelab.training.callbacks import Callback
@@ -68,10 +68,6 @@ class FinetuneProgress(ProgressPrinter):
 class AdapterWriter(Callback):
     """Writes RUN/adapter (peft's format + table delta) after every checkpoint and at the end, on rank 0."""
 
-    def on_train_start(self, trainer: Any) -> None:
-        if trainer.world.is_main:
-            remove_stale(trainer.run_dir, ADAPTER_DIR)
-
     def on_checkpoint(self, trainer: Any, ckpt_dir: Any) -> None:
         if trainer.world.is_main:
             self.write(trainer, Path(ckpt_dir))
@@ -86,8 +82,8 @@ class AdapterWriter(Callback):
         cfg = trainer.config
         record = {"base": str(trainer.hf_ckpt.path), "family": trainer.hf_ckpt.family, "run": str(trainer.run_dir),
                   "step": trainer.step, "checkpoint": str(ckpt_dir) if ckpt_dir else None,
-                  "targets": trainer.model.paths, "rank": cfg.finetune.rank, "alpha": cfg.finetune.alpha,
-                  "table": cfg.finetune.table}
+                  "base_fingerprint": trainer.base_fingerprint, "targets": trainer.model.paths,
+                  "rank": cfg.finetune.rank, "alpha": cfg.finetune.alpha, "table": cfg.finetune.table}
         return write_adapter(trainer.model, trainer.hf_ckpt, trainer.run_dir / ADAPTER_DIR, record)
 
 
@@ -109,8 +105,17 @@ class FinetuneTrainer(Trainer):
                               "different copy of the table's rows; with torchrun train the adapters only "
                               "(finetune.table = frozen)")
         self.hf_ckpt = HFCheckpoint.open(cfg.finetune.hf)
+        self.base_fingerprint = self.hf_ckpt.fingerprint()
         self.callbacks = finetune_callbacks(self.callbacks)  # the Checkpointer is kept (the same object)
         return super().build_data(cfg)
+
+    def _resume_point(self, config: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
+        """The Trainer's resume point, refused when the base folder holds other weights than those the run's
+        adapters were trained on (checked before the model is loaded)."""
+        found = super()._resume_point(config)
+        if found is not None:
+            check_base_unchanged(read_record(self.run_dir / ADAPTER_DIR), self.hf_ckpt, self.base_fingerprint)
+        return found
 
     def build_model(self, cfg: FinetuneConfig) -> FinetuneModel:
         """The checkpoint's model with adapters; the table delta's rows are those the training split uses."""
