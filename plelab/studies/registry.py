@@ -19,15 +19,16 @@ from plelab.studies.deadzone.study import STUDY as DEADZONE
 from plelab.studies.fastpath.study import STUDY as FASTPATH
 from plelab.studies.ffn.study import STUDY as FFN
 from plelab.studies.law.study import STUDY as LAW
+from plelab.studies.ngram.study import STUDY as NGRAM
 from plelab.studies.tokens.study import STUDY as TOKENS
 from plelab.studies.visual.study import STUDY as VISUAL
 
 
 def studies() -> list[Study]:
     """Every study, in the order `plelab report` tries them: the first whose detect() is true is used. The
-    visual PLE study comes before the FFN study (its sweeps have [variants] too); the dead-zone report, which
-    takes any sweep, comes last."""
-    return [LAW, VISUAL, FFN, FASTPATH, TOKENS, DEADZONE]
+    visual PLE and n-gram studies come before the FFN study (their sweeps have [variants] too); the dead-zone
+    report, which takes any sweep, comes last."""
+    return [LAW, VISUAL, NGRAM, FFN, FASTPATH, TOKENS, DEADZONE]
 
 
 def choose_study(folder: str | Path, flags: Sequence[str] = ()) -> Study:
