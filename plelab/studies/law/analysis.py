@@ -18,6 +18,7 @@ from typing import Any
 
 from plelab import stats
 from plelab.diagnostics import early as E
+from plelab.diagnostics.verdict import used_label
 from plelab.errors import PlelabError
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
@@ -37,7 +38,9 @@ LATE_FRACTION = 0.2
 """Only for the descriptive late share (the former criterion, kept in the records)."""
 
 CRITERIA = {
-    "alive": "smallest tested dP whose final ablation verdict is alive in every seed",
+    "alive": "smallest tested dP whose final used verdict (ablation > max(0.01, 2 s.e.): the trained model depends on "
+             "its table; dependence, not benefit) holds in every seed. Its key keeps the name the study's records "
+             "gave it, 'alive'",
     "gain": "smallest tested dP whose paired loss delta vs dP = 0 is a significant gain (mean delta < -t x "
             "std/sqrt(seeds), t = t(0.975, seeds - 1): 4.30 for 3 seeds; at least two seeds)",
 }
@@ -109,7 +112,7 @@ def thresholds(points: Sequence[dict[str, Any]], loss_key: str) -> dict[str, dic
     """Both criteria of CRITERIA on one (width, form): the first dP meeting each, its bracket, exceptions above it."""
     dims = sorted({int(p["ple_dim"]) for p in points if p["ple_dim"]})
     verdicts = {d: [p.get("verdict") for p in points if p["ple_dim"] == d] for d in dims}
-    alive = [d for d in dims if verdicts[d] and all(v == "alive" for v in verdicts[d])]
+    alive = [d for d in dims if verdicts[d] and all(used_label(v) == "used" for v in verdicts[d])]
     gains = [r["ple_dim"] for r in paired_table(points, loss_key) if r["gain_significant"]]
     out = {}
     for name, meets in (("alive", alive), ("gain", gains)):
@@ -420,12 +423,14 @@ def suggest(width: int, law: dict[str, Any] | None) -> dict[str, Any]:
     for p in law.get("predictions") or []:
         if p["criterion"] == "gain" and p["outcome"] == "miss":
             warnings.append(f"the loss-gain prediction missed at H = {p['H']} (predicted dP* in "
-                            f"{bracket_text(p['bracket'])}, measured {bracket_text(p['measured'])}): a table that "
-                            "is alive need not pay measurably; see the measured gain brackets and docs/deadzone-law.md")
+                            f"{bracket_text(p['bracket'])}, measured {bracket_text(p['measured'])}): a table the "
+                            "model uses need not pay measurably; see the measured gain brackets and "
+                            "docs/deadzone-law.md")
     if test.get("test_beats_base_rate") is False:
         warnings.append(f"the early rule ({test.get('test_correct')}/{test.get('test_n')} right on the held-out "
-                        f"width) does not beat always saying '{test.get('test_base_class')}' "
-                        f"({test.get('test_base_rate_correct')}/{test.get('test_n')}): its prediction adds nothing")
+                        f"width) does not beat always saying '{used_label(test.get('test_base_class'))}' "
+                        f"({test.get('test_base_rate_correct')}/{test.get('test_n')}) there: it has not been shown "
+                        "to predict anything")
     return {"H": width, "measured": True, "range": [c_lo * width, c_hi * width], "c": [c_lo, c_hi],
             "widths_tested": tested, "fit_widths": law.get("fit_widths"), "predictions": law.get("predictions"),
             "per_width": law.get("measured") or [], "early_accuracy": test.get("test_accuracy"),
@@ -433,32 +438,39 @@ def suggest(width: int, law: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def format_suggestion(advice: dict[str, Any]) -> str:
-    """`suggest`'s answer as text: the range, its evidence, the warnings."""
+    """`suggest`'s answer as text, benefit first: where a table paid (a resolved gain over the dP = 0 run of the
+    same seed), then where the model used it (dependence, which is not benefit), its evidence and the warnings."""
     lines = [f"warning: {w}" for w in advice["warnings"]]
     if advice["measured"]:
         lo, hi = advice["range"][0], upper(advice["range"])
         early = advice.get("early_accuracy")
         c = f"dP*/H in ({ratio_text(advice['c'][0])}, {ratio_text(upper(advice['c']))}]"
-        if not math.isfinite(hi):
-            head = f"no tested dP/H was alive in every seed ({c})"
-        elif lo <= 0:  # the smallest dP tested at every fit width was already alive: no dead zone was found
-            head = (f"{_at_least(hi)}: alive in every seed; no dead zone was found (the smallest dP tested at every "
-                    f"fit width was alive, so {c} is an upper bound on the threshold, not its location)")
-        else:
-            head = (f"{_at_least(hi)}: alive in every seed at every measured width; dP <= {lo:.3g}: not alive in "
-                    f"every seed at some width; between: unresolved by the grid ({c}, fitted on every measured "
-                    "width)")
-        lines.insert(0, head)
+        head = []
         if advice["per_width"]:
-            lines.append("measured dP* per width (alive in every seed / significant loss gain): " + "; ".join(
-                f"H={m['H']} {bracket_text(m['alive'])} / {bracket_text(m['gain'])}" for m in advice["per_width"]))
+            head.append("pays (a resolved loss gain over the same seed's dP = 0 run, per-dP paired tests; the smallest "
+                        "such dP per measured width): " + "; ".join(
+                            f"H={m['H']} {bracket_text(m['gain'])}" for m in advice["per_width"])
+                        + ". No single dP/H fits the gain across widths; at more tokens every gain shrank (the "
+                        "tokens round) and where it reaches zero is the third round's question (docs/deadzone-law.md)")
+        if not math.isfinite(hi):
+            used = f"used in every seed: no tested dP/H ({c})"
+        elif lo <= 0:  # the smallest dP tested at every fit width was already used
+            used = (f"used in every seed (dependence, not benefit): {_at_least(hi)}; the smallest dP tested at every "
+                    f"fit width was used, so {c} bounds the threshold from above, not its location")
+        else:
+            used = (f"used in every seed (dependence, not benefit): {_at_least(hi)} at every measured width; "
+                    f"dP <= {lo:.3g}: not used in every seed at some width; between: unresolved by the grid ({c}, "
+                    "fitted on every measured width)")
+        lines[:0] = [*head, used]
         lines.append(f"evidence: widths tested {advice['widths_tested']}, law fitted on {advice['fit_widths']}; "
-                     + "; ".join(f"H={p['H']} {p['criterion']}: {p['outcome']}" for p in advice["predictions"] or [])
+                     + "; ".join(f"H={p['H']} {'used' if p['criterion'] == 'alive' else 'pays'}: "
+                                 f"{p['outcome']}" for p in advice["predictions"] or [])
                      + (f"; early rule accuracy on the held-out width {early:.0%}" if early is not None else ""))
     else:
         for p in advice["published"]:
             lo, hi = p["scaled"]
-            lines.append(f"published ({p['source']}, H={p['H']}, {p['criterion']}): dP* in ({p['bracket'][0]}, "
+            what = "pays" if p["criterion"] == "gain" else "used"
+            lines.append(f"published ({p['source']}, H={p['H']}, {what}): dP* in ({p['bracket'][0]}, "
                          f"{p['bracket'][1]}], dP/H ({ratio_text(p['ratio'][0])}, {ratio_text(p['ratio'][1])}]; "
                          f"at H={advice['H']} that would be dP in ({lo:.3g}, {hi:.3g}] (unverified)")
     return "\n".join(lines)

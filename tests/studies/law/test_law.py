@@ -260,8 +260,9 @@ def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsy
     (tmp_path / "law.json").write_text(json.dumps(law))
     assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=64"]) == 0
     out = capsys.readouterr().out
-    assert "dP >= 8: alive in every seed at every measured width; dP <= 4: not alive in every seed" in out
-    assert "H=128 alive: hit" in out and "90%" in out and "warning" not in out
+    assert ("used in every seed (dependence, not benefit): dP >= 8 at every measured width; dP <= 4: not used in "
+            "every seed") in out
+    assert "H=128 used: hit" in out and "90%" in out and "warning" not in out
     assert main(["params", "seed-3b", "--suggest-ple"]) == 0
     assert "outside the tested widths" in capsys.readouterr().out
     # Alive at the smallest dP of every width: the law is an upper bound, and says so instead of "dP <= 0: dead".
@@ -270,9 +271,10 @@ def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsy
     assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=128"]) == 0
     out = capsys.readouterr().out
     head = out.splitlines()[1]
-    assert head.startswith("dP >= 2: alive in every seed; no dead zone was found") and "upper bound" in head
+    assert head.startswith("used in every seed (dependence, not benefit): dP >= 2; the smallest dP tested")
+    assert "from above, not its location" in head
     assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=32"]) == 0
-    assert capsys.readouterr().out.splitlines()[1].startswith("any dP >= 1: alive")
+    assert capsys.readouterr().out.splitlines()[1].startswith("used in every seed (dependence, not benefit): any dP")
     # The gain missed on the held-out width: said as a warning, with every width's measured brackets beside it.
     law["predictions"].append({"H": 128, "criterion": "gain", "bracket": [2, 4], "measured": [16, 32],
                                "outcome": "miss"})
@@ -281,7 +283,8 @@ def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsy
     assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=64"]) == 0
     out = capsys.readouterr().out
     assert "warning: the loss-gain prediction missed at H = 128 (predicted dP* in (2, 4], measured (16, 32])" in out
-    assert "H=32 (0, 1] / (0, 1]; H=128 (1, 2] / > 16 (none tested met it)" in out
+    assert "the smallest such dP per measured width): H=32 (0, 1]; H=128 > 16 (none tested met it)" in out
+    assert out.splitlines()[1].startswith("pays ")  # benefit first, dependence after it
 
 
 def test_sweep_report_has_the_paired_table(finished_sweep, tmp_path):

@@ -55,4 +55,4 @@ def test_law_on_every_width_and_the_committed_law_file(law):
     assert committed["law"]["c"] == [1 / 128, 1 / 64]                    # plelab/studies/law/deadzone_law.json
     advice = suggest(256, committed)
     assert advice["range"] == [2.0, 4.0] and advice["fit_widths"] == [32, 64, 128]
-    assert any("does not beat always saying 'alive'" in w for w in advice["warnings"])
+    assert any("does not beat always saying 'used'" in w for w in advice["warnings"])
