@@ -168,11 +168,13 @@ def conclusion(steps: Sequence[dict[str, Any]], table: Sequence[dict[str, Any]] 
     if not steps or all(c == "n/a" for c in cls):
         return {"pattern": "unknown", "dead_zone": None, "text": "not enough finished runs (two seeds per dP) to "
                 "separate changes from noise"}
+    margin = f"the plan's +-{steps[0]['margin']:g} margin" if steps[0].get("margin") else "the margin"
     seed_like = [i for i in dead if any(j > i for j in sig)]
     if seed_like:
-        text = (f"a dead zone appears: {', '.join(names[i] for i in seed_like)} lies inside the margin by an "
-                f"equivalence test, and a later step ({', '.join(names[j] for j in sig if j > seed_like[0])}) "
-                "improves the loss beyond noise: the published plateau-then-transition pattern")
+        later = ", ".join(names[j] for j in sig if j > seed_like[0])
+        text = (f"a dead zone appears: {', '.join(names[i] for i in seed_like)} lies inside {margin} by an "
+                f"equivalence test (a plateau at that resolution, not a proof of no change), and a later step "
+                f"({later}) improves the loss beyond noise: the published plateau-then-transition pattern")
         return {"pattern": "dead zone then transition", "dead_zone": True, "text": text}
     before = [i for i in open_ if any(j > i for j in sig)]
     if before:
@@ -188,15 +190,15 @@ def conclusion(steps: Sequence[dict[str, Any]], table: Sequence[dict[str, Any]] 
                 "so at this noise level the loss curve cannot place a dead zone or a transition")
         return {"pattern": "gradual", "dead_zone": None, "text": text}
     if not sig and dead and not open_:
-        return {"pattern": "flat", "dead_zone": True, "text": "every step lies inside the margin by an equivalence "
-                "test: in this dP range PLE's steps change the loss by less than the margin"}
+        return {"pattern": "flat", "dead_zone": True, "text": f"every step lies inside {margin} by an equivalence "
+                "test: in this dP range PLE's steps change the loss by less than that"}
     if not sig:
         return {"pattern": "not resolved", "dead_zone": None, "text": "no step improves the loss beyond noise, and "
                 "not every step is shown inside a margin: the range cannot tell a flat curve from a small gain"}
     after = dead + open_
     if after:
         text = (f"no plateau below the gains: every significant improvement comes first, then "
-                f"{', '.join(names[i] for i in after)} " + ("lies inside the margin (saturation)" if not open_ else
+                f"{', '.join(names[i] for i in after)} " + (f"lies inside {margin} (saturation)" if not open_ else
                                                             "is within noise (not resolved: saturation or a gain "
                                                             "below the noise)"))
         return {"pattern": "saturation" if not open_ else "gains, then not resolved", "dead_zone": False,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from plelab.diagnostics.verdict import used_label
 from plelab.errors import PlelabError
 from plelab.studies.law.analysis import (
     CRITERIA,
@@ -59,7 +60,7 @@ def law_figure(analysis: dict[str, Any], axis: str = "dP/H") -> bytes | None:
                 ax.axvspan(p["bracket"][0] / p["H"], p["bracket"][1] / p["H"], color=color, alpha=0.12, zorder=0,
                            label=f"published: H={p['H']} ({p['criterion']})" if ax is top else None)
     top.axhline(0, color="k", lw=0.8)
-    bottom.axhline(0.01, color="tab:green", lw=0.8, ls=":", label="alive above (0.01 nats)")
+    bottom.axhline(0.01, color="tab:green", lw=0.8, ls=":", label="used above (0.01 nats)")
     top.set_ylabel(f"paired Δ {analysis['primary_loss']} loss vs dP=0\n(mean ± s.e. over seeds)")
     bottom.set_ylabel("ablation Δ (PLE off − on)\n(mean ± s.e. over seeds)")
     bottom.set_xscale("log", base=2)
@@ -157,7 +158,7 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
                      {True: "yes", False: "no", None: "?"}[r["gain_significant"]],
                      f"{fmt(s.get('delta_mean'), '+.4f')} ± {fmt(s.get('delta_se'))}",
                      f"{fmt(a.get('mean'), '+.4f')} ± {fmt(a.get('se'))}",
-                     ", ".join(f"{n} {v}" for v, n in (a.get("verdicts") or {}).items()) or "-"])
+                     _verdict_counts(a.get("verdicts") or {})])
     trained = [t for t in w["trained"] if t.get("trained") is not None]
     bent = sum(bool(t["trained"]) for t in trained)
     late = ", ".join(f"{t['name']} ({fmt(t.get('doubling_drop'), '.3f')} nats)" for t in trained if not t["trained"])
@@ -166,8 +167,8 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
     return [
         ("h", 2, f"H = {w['H']}, {w['form']} form ({w['layers']} layers, vocab {w['vocab']}, {w['max_steps']} steps)"),
         ("table", ["dP", "dP/H", "seeds", f"paired Δ {primary} (± s.e.)", "gain?", "paired Δ 16 domains (± s.e.)",
-                   "ablation Δ (± s.e.)", "final verdicts"], rows),
-        ("list", [f"{name}: dP* {bracket_text(t[name]['bracket'], w['H'])}"
+                   "ablation Δ (± s.e.)", "final used verdicts"], rows),
+        ("list", [f"{CRITERION_NAMES[name]}: dP* {bracket_text(t[name]['bracket'], w['H'])}"
                   + (f"; above it, not met at dP = {t[name]['exceptions']}" if t[name]["exceptions"] else "")
                   for name in CRITERIA]),
         ("p", f"Trained criterion met by {bent}/{len(trained)} runs"
@@ -178,13 +179,26 @@ def width_blocks(w: dict[str, Any], primary: str) -> list[Block]:
     ]
 
 
+CRITERION_NAMES = {"alive": "used in every seed (dependence)", "gain": "pays (a resolved gain)"}
+"""How the report names the law's two criteria (the records keep their first names, alive and gain)."""
+
+
+def _verdict_counts(counts: dict[str, int]) -> str:
+    """'3 used' from recorded verdict counts, old names (alive / weak / dead) read as today's."""
+    merged: dict[str, int] = {}
+    for v, n in counts.items():
+        merged[used_label(v)] = merged.get(used_label(v), 0) + n
+    return ", ".join(f"{n} {v}" for v, n in merged.items()) or "-"
+
+
 def _beside_base(result: dict[str, Any]) -> str:
     """'; the base-rate rule (always alive) gets 20/21: the rule does not beat it' for evaluate_rule's result."""
     base = result.get("base_rate") or {}
     if base.get("base_class") is None:
         return ""
     verdict = ("beats it" if base["beats_base_rate"] else "does not beat it")
-    return (f" (the base-rate rule, always '{base['base_class']}', gets {base['base_correct']}/{base['n']}: the "
+    always = used_label(base["base_class"])
+    return (f" (the base-rate rule, always '{always}', gets {base['base_correct']}/{base['n']}: the "
             f"rule {verdict}; exact McNemar p = {base['mcnemar_p']:.2g})")
 
 
@@ -199,7 +213,7 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
         ("p", f"Primary loss: `{primary}` ({PRIMARY[primary]}); secondary: the macro over the 16 evaluation "
               "domains. Paired Δ = loss(dP) − loss(dP = 0) of the same "
               "seed (same trunk init and data order), mean ± s.e. over seeds."),
-        ("list", [f"{k}: {v}" for k, v in analysis["criteria"].items()]
+        ("list", [f"{CRITERION_NAMES.get(k, k)}: {CRITERIA.get(k, v)}" for k, v in analysis["criteria"].items()]
                  + [analysis["trained_rule"], analysis["paired_rule"]] + analysis["notes"]),
     ]
     for w in analysis["widths"]:
@@ -210,11 +224,12 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
                             for c, law in analysis["law"].items()]))
     every = law_summary(analysis)
     blocks.append(("p", f"Refitted on every measured width ({every['fit_widths']}, post hoc: the held-out width is "
-                        f"evidence once measured; `--suggest-ple` uses this): alive: {every['law']['reason']}; gain: "
+                        f"evidence once measured; `--suggest-ple` uses this): used: {every['law']['reason']}; pays: "
                         f"{every['law_gain']['reason']}."))
     if analysis["predictions"]:
         blocks.append(("table", ["H", "criterion", "predicted dP*", "measured dP*", "outcome"],
-                       [[str(p["H"]), p["criterion"], bracket_text(p["bracket"]), bracket_text(p["measured"]),
+                       [[str(p["H"]), CRITERION_NAMES[p["criterion"]], bracket_text(p["bracket"]),
+                         bracket_text(p["measured"]),
                          p["outcome"]]
                         for p in analysis["predictions"]]))
     early = analysis["early"] or {}

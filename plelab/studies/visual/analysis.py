@@ -25,7 +25,7 @@ from plelab.util.fs import atomic_write_bytes
 from plelab.util.json_values import jsonable
 from plelab.util.pages import fmt
 from plelab.vision.diagnostics import RULES as DIAGNOSTIC_RULES
-from plelab.vision.diagnostics import headline
+from plelab.vision.diagnostics import headline, vision_verdict
 
 DIAG_FILE = "vision_diagnostics.json"
 """In the sweep folder: {run name: diagnose_run(...)} of the checkpoints last diagnosed."""
@@ -94,6 +94,17 @@ def _setting(config: dict[str, Any]) -> str:
     return json.dumps(rest, sort_keys=True, default=str)
 
 
+def _verdict_now(diag: dict[str, Any]) -> str:
+    """A run's verdict under the current rule (plelab.vision.diagnostics.vision_verdict), recomputed from its
+    recorded table flag and ablation, so runs recorded under the old alive / dead rule are scored as new ones are."""
+    abl = diag.get("ablation")
+    if diag.get("visual_ple") is False or (abl is None and "table" not in diag):
+        return diag["verdict"]["verdict"]
+    if abl is not None:
+        abl = {**abl, "n": abl.get("n") or abl.get("n_batches", 0)}
+    return vision_verdict((diag.get("table") or {}).get("random_like"), abl)["verdict"]
+
+
 def _table_summary(diags: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean over seeds of the whole-table statistics per view, seed counts of random-like and verdicts."""
     views = {}
@@ -107,7 +118,7 @@ def _table_summary(diags: Sequence[dict[str, Any]]) -> dict[str, Any]:
                   "structured" if not any(known) else "mixed")
     verdicts: dict[str, int] = {}
     for d in diags:
-        v = d["verdict"]["verdict"]
+        v = _verdict_now(d)
         verdicts[v] = verdicts.get(v, 0) + 1
     abl = [d["ablation"]["delta"] for d in diags if d.get("ablation")]
     ratios = [_mean(list(d.get("injection_ratio", {}).values())) for d in diags]
