@@ -20,15 +20,17 @@ from plelab.studies.fastpath.study import STUDY as FASTPATH
 from plelab.studies.ffn.study import STUDY as FFN
 from plelab.studies.law.study import STUDY as LAW
 from plelab.studies.ngram.study import STUDY as NGRAM
+from plelab.studies.onset.study import STUDY as ONSET
 from plelab.studies.tokens.study import STUDY as TOKENS
 from plelab.studies.visual.study import STUDY as VISUAL
 
 
 def studies() -> list[Study]:
     """Every study, in the order `plelab report` tries them: the first whose detect() is true is used. The
-    visual PLE and n-gram studies come before the FFN study (their sweeps have [variants] too); the dead-zone
+    third round of the law takes a folder of its width sweeps; the visual PLE and n-gram studies come before the FFN
+    study (their sweeps have [variants] too); the dead-zone
     report, which takes any sweep, comes last."""
-    return [LAW, VISUAL, NGRAM, FFN, FASTPATH, TOKENS, DEADZONE]
+    return [LAW, ONSET, VISUAL, NGRAM, FFN, FASTPATH, TOKENS, DEADZONE]
 
 
 def choose_study(folder: str | Path, flags: Sequence[str] = ()) -> Study:

@@ -1,0 +1,112 @@
+"""The third round across its widths: each width's registered outcomes and, from the runs' held-out timelines, the
+paired gain of every dP over the same seed's dP = 0 run against tokens per non-embedding parameter.
+
+Each width is its own sweep (one folder each, e.g. runs/deadzone-onset/h64 and .../h32) with its own registered
+plan; this module reads them side by side. A timeline point is one evaluation inside a run's cosine schedule, not a
+run of that length, so the curve is description; the registered tests are the end-of-run comparisons.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from plelab import stats
+from plelab.data.prepare import HELDOUT_DOMAIN
+from plelab.experiments.plan import plan_from_inputs, plan_inputs
+from plelab.experiments.sweep import DB_FILE
+from plelab.experiments.sweep_store import SweepStore
+from plelab.model.config import ModelConfig
+from plelab.model.params import count_params
+from plelab.util.dataclass_config import from_dict
+
+RECORDS_KIND = "deadzone-onset"
+SWEEP_PREFIX = "deadzone-onset"
+"""The third round's sweeps are named deadzone-onset-<width>."""
+
+
+def width_folders(folder: str | Path) -> list[Path]:
+    """The round's sweep folders under `folder` (its subfolders holding a deadzone-onset sweep), by name."""
+    out = []
+    for sub in sorted(Path(folder).iterdir()) if Path(folder).is_dir() else []:
+        if (sub / DB_FILE).is_file():
+            with SweepStore(sub / DB_FILE, readonly=True) as store:
+                if str(store.meta().get("name", "")).startswith(SWEEP_PREFIX):
+                    out.append(sub)
+    return out
+
+
+def is_onset_round(folder: str | Path) -> bool:
+    """Does the folder hold the third round's width sweeps?"""
+    return bool(width_folders(folder))
+
+
+def non_embedding_params(model: dict[str, Any]) -> tuple[int, int]:
+    """(total, non-embedding) parameters of a run's model with its table switched off (the dP = 0 trunk)."""
+    cfg = from_dict(ModelConfig, model)
+    cfg.ple.dim = 0
+    counts = count_params(cfg)
+    return counts["total"], counts["total"] - counts["embedding"]
+
+
+def width_records(folder: Path) -> dict[str, Any]:
+    """One width's plain data: its plan inputs, finished runs (seed, dP, model) and held-out timelines."""
+    with SweepStore(folder / DB_FILE, readonly=True) as store:
+        runs = [r for r in store.runs() if r["status"] == "done"]
+        timeline = store.timeline()
+        name = store.meta().get("name", folder.name)
+    model = runs[0]["config"]["model"] if runs else {}
+    total, non_embedding = non_embedding_params(model) if runs else (0, 0)
+    return {"sweep": name, "hidden_size": model.get("hidden_size"), "params": total, "non_embedding": non_embedding,
+            "runs": [{"name": r["name"], "seed": r["seed"], "ple_dim": r["ple_dim"], "tokens": r["tokens"]}
+                     for r in runs],
+            "timelines": {r["name"]: [{"step": p["step"], "tokens": p["tokens"],
+                                       "loss": (p["domains"].get(HELDOUT_DOMAIN) or {}).get("loss")}
+                                      for p in timeline.get(r["name"], [])] for r in runs},
+            "plan_inputs": plan_inputs(folder)}
+
+
+def round_records(folder: str | Path) -> dict[str, Any]:
+    """Every width of the round, as records (what records.json keeps)."""
+    return {"kind": RECORDS_KIND, "folder": str(folder), "widths": [width_records(f) for f in width_folders(folder)]}
+
+
+def timeline_gains(width: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per dP > 0 and timeline step: the paired gain over dP = 0 (loss(0) - loss(dP), seeds paired), with its 95 %
+    t interval, at that step's tokens per parameter and per non-embedding parameter."""
+    by = {(r["seed"], r["ple_dim"]): {p["step"]: p for p in width["timelines"].get(r["name"], [])}
+          for r in width["runs"]}
+    dims = sorted({d for _, d in by if d})
+    steps = sorted({s for points in by.values() for s in points})
+    rows = []
+    for dim in dims:
+        for step in steps:
+            base, arm = {}, {}
+            for (seed, d), points in by.items():
+                p = points.get(step)
+                if p is None or not _finite(p["loss"]):
+                    continue
+                (base if d == 0 else arm if d == dim else {})[seed] = p["loss"]
+            pair = stats.paired(arm, base)  # per seed loss(0) - loss(dP): positive = the table pays
+            if pair["n"] < 2:
+                continue
+            tokens = next(p["tokens"] for points in by.values() if step in points for p in [points[step]])
+            rows.append({"ple_dim": dim, "ratio": dim / width["hidden_size"], "step": step, "tokens": tokens,
+                         "tokens_per_param": tokens / width["params"],
+                         "tokens_per_non_embedding": tokens / width["non_embedding"], "n": pair["n"],
+                         "gain": pair["mean"], "ci95": stats.t_interval(pair["mean"], pair["se"], pair["n"])})
+    return rows
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
+    """Per width: its plan's verdicts, its parameter counts and its timeline gains."""
+    return {"folder": rec["folder"], "widths": [
+        {"sweep": w["sweep"], "hidden_size": w["hidden_size"], "params": w["params"],
+         "non_embedding": w["non_embedding"], "runs_done": len(w["runs"]),
+         "final_tokens": max((r["tokens"] or 0 for r in w["runs"]), default=0),
+         "plan": plan_from_inputs(w["plan_inputs"]), "gains": timeline_gains(w)} for w in rec["widths"]]}

@@ -1,0 +1,65 @@
+"""The third round's cross-width report on constructed runs: each width's registered outcomes, and the timeline's
+paired gain against tokens per non-embedding parameter, recomputed from its records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plelab.cli.main import main
+from plelab.experiments.plan import load_plan, register_plan
+from plelab.experiments.sweep import RESOLVED_FILE, load_sweep
+from plelab.experiments.sweep_store import SweepStore
+from plelab.studies.onset.analysis import non_embedding_params
+from plelab.studies.registry import choose_study
+
+PLAN = {"plan": {"name": "onset-test", "margin": 0.01, "comparisons": [
+    {"name": "gain_dp1", "where": {"model.ple.dim": 1}, "reference_where": {"model.ple.dim": 0}, "metric": "val",
+     "predicted": "equivalent", "hits": ["equivalent"]}]}}
+STEPS = (2, 4, 8)
+
+
+def _width(root, hidden: int, gain_at_end: float):
+    """A finished width sweep: dP 0 and 1 x seeds 1-3; dP 1's gain shrinks from 0.1 to gain_at_end over the steps."""
+    sweep = load_sweep({"sweep": {"out": str(root / f"h{hidden}"), "name": f"deadzone-onset-h{hidden}"},
+                        "base": {"model": {"preset": "tiny", "hidden_size": hidden}, "max_steps": 8},
+                        "grid": {"seed": [1, 2, 3], "model.ple.dim": [0, 1]}})
+    sweep.folder.mkdir(parents=True)
+    (sweep.folder / RESOLVED_FILE).write_text(json.dumps(sweep.resolved_dict()))
+    with SweepStore(sweep.db_path) as store:
+        store.set_meta(name=f"deadzone-onset-h{hidden}", grid=sweep.grid)
+        store.sync_points(sweep.points)
+        register_plan(store, load_plan(PLAN), "plan.toml")
+        for p in sweep.points:
+            seed, dim = p.values["seed"], p.values["model.ple.dim"]
+            gains = dict(zip(STEPS, (0.1, 0.05, gain_at_end), strict=True))
+            loss = {s: 5.0 - 0.1 * s + 0.001 * seed - (gains[s] + 0.0005 * seed if dim else 0.0) for s in STEPS}
+            timeline = [{"step": s, "tokens": 1000 * s, "domains": {"val": {"loss": loss[s], "bpb": 1.0}}}
+                        for s in STEPS]
+            store.mark_done(p.name, {"final_eval": {"domains": {"val": {"loss": loss[8], "bpb": 1.0, "tokens": 9}}},
+                                     "timeline": timeline, "steps": 8, "tokens": 8000})
+
+
+def test_the_round_reports_each_width_and_the_gain_against_tokens_per_parameter(tmp_path, capsys):
+    _width(tmp_path / "round", 32, 0.02)
+    _width(tmp_path / "round", 64, 0.004)
+    assert choose_study(tmp_path / "round").name == "onset"
+    assert main(["report", str(tmp_path / "round"), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    h32, h64 = sorted(a["widths"], key=lambda w: w["hidden_size"])
+    # at the end, H = 64's gain (0.004-0.006 by seed) is inside the margin; H = 32's (0.02) is a resolved gain
+    assert h64["plan"]["evaluation"]["results"][0]["outcome"] in ("equivalent", "better, within margin")
+    assert h32["plan"]["evaluation"]["results"][0]["outcome"] == "better"
+    end = [r for r in h64["gains"] if r["step"] == 8][0]
+    assert end["gain"] == pytest.approx(0.005) and end["n"] == 3
+    with SweepStore(tmp_path / "round" / "h64" / "sweep.sqlite", readonly=True) as store:
+        model = store.runs()[0]["config"]["model"]
+    _, non_embedding = non_embedding_params(model)
+    assert end["tokens_per_non_embedding"] == pytest.approx(8000 / non_embedding)
+    assert [r["gain"] for r in h32["gains"]] == pytest.approx([0.101, 0.051, 0.021])
+    md = (tmp_path / "round" / "report.md").read_text()
+    assert "H = 64" in md and "Gain against tokens (description)" in md
+    assert (tmp_path / "round" / "plots" / "gain_vs_tokens.png").is_file()
+    assert main(["report", str(tmp_path / "round" / "records.json"), "--out", str(tmp_path / "again"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["widths"] == a["widths"]
