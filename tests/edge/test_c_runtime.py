@@ -166,12 +166,13 @@ def test_another_format_version_fails_loudly(plerun, export_tmp, tmp_path):
     good = export_tmp(lively_model(), quant="int4", group=32)
     raw = good.read_bytes()
     fields = fmt.HEADER.unpack(raw[: fmt.HEADER.size])
-    for version in (1, 3):
+    for version in (1, 4):
         bad = tmp_path / f"v{version}.ple"
         bad.write_bytes(fmt._pack_header(fields[3], fields[4], fields[5], fields[6], version=version) + raw[64:])
-        assert f"format version {version} is not supported" in c_error(plerun, bad, "--ids", "1")
-    with pytest.raises(fmt.PleFormatError, match="version 3 is not supported"):
-        PleFile(tmp_path / "v3.ple")
+        assert f"format version {version} is not supported (the C runtime reads versions 2 and 3)" in c_error(
+            plerun, bad, "--ids", "1")
+    with pytest.raises(fmt.PleFormatError, match="version 4 is not supported"):
+        PleFile(tmp_path / "v4.ple")
 
 
 def test_numpy_runtime_still_reads_version_1_files(export_tmp, tmp_path):
