@@ -175,3 +175,17 @@ def test_an_ngram_file_relabelled_version_2_is_refused(export_tmp, tmp_path):
     bad.write_bytes(bytes(raw))
     with pytest.raises(fmt.PleFormatError, match="an n-gram index needs format version 3, the file is version 2"):
         PleFile(bad, verify="none")
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_plelab_params_and_plelab_place_read_the_same_bytes_per_token(quant, capsys):
+    from plelab.cli.main import main
+
+    sets = [a for o in NGRAM_3 for a in ("--set", o)]
+    assert main(["params", "tiny", *sets, "--quant", quant, "--json"]) == 0
+    params = json.loads(capsys.readouterr().out)
+    assert main(["place", "tiny", *sets, "--quant", quant, "--device", "esp32-s3", "--json"]) == 0
+    placed = json.loads(capsys.readouterr().out)
+    kv = next(it["bytes_per_token"] for it in placed["items"] if it["name"] == "kv_cache")
+    assert params["inference_bytes"] == sum(placed["bytes_per_token"].values()) - kv
+    assert placed["reads_per_token"]["flash"] == params["ple_table_index"]["rows_read_per_token"] == 6
