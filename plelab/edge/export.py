@@ -113,16 +113,16 @@ def derived(cfg: ModelConfig) -> dict[str, Any]:
 def unsupported(cfg: ModelConfig) -> str | None:
     """Why the .ple runtimes cannot run `cfg` as its file would describe it (one line naming the field), or None."""
     if cfg.arch != "llama":
-        return (f"arch = {cfg.arch!r}: the .ple runtimes execute the llama-style block only (for transformers: "
+        return (f"arch={cfg.arch}: the .ple runtimes execute the llama-style block only (for transformers: "
                 "plelab export-hf)")
     if not cfg.ple_layers:
         return None
     if cfg.ple.gate not in GATE_CODES:
-        return (f"ple.gate = {cfg.ple.gate!r}: the .ple runtimes implement the gates {', '.join(GATE_CODES)} (train "
+        return (f"ple.gate={cfg.ple.gate}: the .ple runtimes implement the gates {', '.join(GATE_CODES)} (train "
                 "with one of them to export)")
     if cfg.ple.conv_kernel:
-        return (f"ple.conv_kernel = {cfg.ple.conv_kernel}: the .ple runtimes do not implement the short "
-                "convolution (train with ple.conv_kernel = 0 to export)")
+        return (f"ple.conv_kernel={cfg.ple.conv_kernel}: the .ple runtimes do not implement the short "
+                "convolution (train with ple.conv_kernel=0 to export)")
     return None
 
 
