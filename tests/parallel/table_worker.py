@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from plelab.parallel.engine import from_environment
 from plelab.training.config import load_train_config
@@ -25,9 +24,11 @@ def main() -> None:
     state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     torch.save({"lo": lo, "state": state}, out / f"rank{trainer.world.rank}.pt")
     trainer.close()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    # Leave the group as a run does (model gone, then gc, barrier, destroy): a bare barrier + destroy with the
+    # model's hooks still alive can hang one rank at exit.
+    distribution = trainer.distribution
+    del trainer, state
+    distribution.close()
 
 
 if __name__ == "__main__":

@@ -3,13 +3,12 @@ equal the 1-process table bit for bit, and so does every other weight."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import ENV, make_dataset, write_config
+from dist_helpers import launch, make_dataset, write_config
 
 from plelab.parallel.checkpoint import TABLE_WEIGHT
 from plelab.training.config import load_train_config
@@ -23,8 +22,7 @@ def run_worker(root: Path, name: str, nproc: int) -> list[dict]:
     out.mkdir()
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] \
         if nproc > 1 else [sys.executable]
-    proc = subprocess.run([*launcher, str(WORKER), str(root / "train.toml"), str(out / "run"), str(out)],
-                          capture_output=True, text=True, env=ENV, timeout=180)
+    proc = launch([*launcher, str(WORKER), str(root / "train.toml"), str(out / "run"), str(out)])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
 
