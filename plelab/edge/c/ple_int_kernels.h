@@ -73,6 +73,19 @@ static inline float ple_f16(const uint8_t *p) {
     __fp16 h;
     memcpy(&h, p, 2);
     return (float)h;
+#elif defined(__riscv) && defined(__riscv_flen)
+    /* RISC-V F computes subnormals and never flushes them: the fp16 bits placed in a float's (exponent 112 short,
+     * subnormals included) times 2^112 is the value exactly, with no branch for the common cases */
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, em = h & 0x7fffu, u = (h & 0x8000u) << 16;
+    float f;
+    if (em >= 0x7c00u) { /* infinity or NaN */
+        u |= 0x7f800000u | (em & 0x3ffu) << 13;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    u |= em << 13;
+    memcpy(&f, &u, 4);
+    return f * 0x1p112f;
 #else
     uint32_t h = p[0] | (uint32_t)p[1] << 8, em = h & 0x7fffu, u; /* em: exponent and mantissa */
     float f;
@@ -166,6 +179,8 @@ static inline float ple_fmul(float a, float b) {
 #define PLE_SCALED(isum, p) ((float)(isum) * ple_f16(p))
 #define PLE_FMUL(a, b) ((a) * (b))
 #endif
+/* A row of one group: (float)isum * its fp16 scale * the activation's scale xs, each product rounded. */
+#define PLE_SCALED_X(isum, p, xs) PLE_FMUL(PLE_SCALED(isum, p), xs)
 
 /* The group of value e: e / group, in 32 bits whenever e fits them. A 64-bit division is a library call on a 32-bit
  * core (__udivdi3: hundreds of instructions), and no model a microcontroller holds has offsets past 2^32. */
