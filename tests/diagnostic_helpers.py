@@ -79,3 +79,20 @@ def train(cfg: ModelConfig, steps: int = STEPS, setup: Callable | None = None, s
         if on_step is not None:
             on_step(model, step)
     return model.eval()
+
+
+PROSE = "Per-layer embeddings give every layer its own small vector per token. A dead zone changes nothing. "
+"""The byte-level corpus of the diagnose tests that train real runs."""
+
+
+def byte_corpus(root, valid_repeats: int = 4) -> None:
+    """ROOT/data (40 short documents of PROSE, prepared with the byte tokenizer, 10 % held out) and ROOT/valid
+    (one domain file of PROSE): what a tiny run trains and is diagnosed on."""
+    from plelab.data.prepare import prepare_dataset
+    from plelab.data.tokenizer import Tokenizer
+
+    src = root / "corpus.txt"
+    src.write_text("\n<|endoftext|>\n".join(f"Doc {i}. " + PROSE * (1 + i % 3) for i in range(40)) + "\n")
+    prepare_dataset([src], Tokenizer.byte_level(), root / "data", val_fraction=0.1, progress=False)
+    (root / "valid").mkdir()
+    (root / "valid" / "prose.txt").write_text(PROSE * valid_repeats + "\n")

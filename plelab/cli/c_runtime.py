@@ -42,16 +42,19 @@ def _add_c(sub) -> None:
                "plelab c build\n  plelab c fuzz --cases 100000\n  plelab c kernels --cases 4000")
     p = add_command(g, "build", "Build plerun (or plefuzz, plektest) with the system compiler, cached; print its path.",
                     "plelab c build --cflags '-O2 -DPLE_KERNEL=PLE_KERNEL_PORTABLE'", run_c_build)
-    p.add_argument("--program", default="plerun", choices=["plerun", "plefuzz", "plektest"],
-                   help="plerun (the runtime, default), plefuzz (the parser fuzzer), plektest (kernel self-check)")
+    p.add_argument("--program", default="plerun", choices=["plerun", "plefuzz", "plektest", "plengram"],
+                   help="plerun (the runtime, default), plefuzz (the parser fuzzer), plektest (kernel self-check), "
+                        "plengram (the n-gram hash on given inputs)")
     p.add_argument("--cflags", default="-O3 -march=native",
                    help="optimisation flags (default -O3 -march=native; one flag alone as --cflags=-O2)")
     p.add_argument("--openmp", action="store_true", help="with OpenMP (plerun --threads N)")
     p.add_argument("--sanitize", action="store_true", help="with AddressSanitizer + UBSan (plefuzz always is)")
     p = add_command(g, "fuzz", "Fuzz the .ple parser: mutated files through ple_open and two decode steps, under "
                     "AddressSanitizer + UBSan. A crash, hang or sanitizer report is exit status 2.",
-                    "plelab c fuzz --cases 100000 --seed 3", run_c_fuzz)
+                    "plelab c fuzz --cases 100000 --seed 3\n  plelab c fuzz --ngram --cases 20000", run_c_fuzz)
     p.add_argument("--model", help="the .ple file to mutate (default: a tiny int4 export)")
+    p.add_argument("--ngram", action="store_true",
+                   help="the default seed file with an n-gram index and an id map (format version 3's fields)")
     p.add_argument("--timeout", type=options.positive_float, default=600,
                    help="seconds before the run counts as hung (default 600)")
     _add_check_flags(p, 100_000, "mutated files")
@@ -77,7 +80,8 @@ def run_c_fuzz(args: argparse.Namespace) -> int:
     """Fuzz; print the counts (exit 1 when a rejection was not one line)."""
     from plelab.edge.c_fuzz import fuzz
 
-    return _report_fuzz(args, fuzz(args.cases, args.seed, args.model, args.timeout), "no crash or sanitizer report")
+    return _report_fuzz(args, fuzz(args.cases, args.seed, args.model, args.timeout, args.ngram),
+                        "no crash or sanitizer report")
 
 
 def run_c_kernels(args: argparse.Namespace) -> int:

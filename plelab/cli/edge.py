@@ -86,6 +86,8 @@ def _layout_summary(layout) -> dict:
         "sections": {s.name: {"offset": s.offset, "bytes": s.nbytes} for s in layout.sections},
         "ple_record_bytes": ple.record_bytes if ple else 0,
         "ple_record_stride": ple.stride if ple else 0,
+        "ple_records_per_token": layout.ple_reads if ple else 0,
+        "format_version": layout.version,
         "dense_bytes": sum(t.nbytes for t in layout.tensors),
     }
 
@@ -112,10 +114,16 @@ def run_export(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
         return 0
-    print(f"wrote {args.out}: {layout.file_bytes:,} bytes ({layout.quant['dtype']}, group {layout.quant['group']})")
+    print(f"wrote {args.out}: {layout.file_bytes:,} bytes ({layout.quant['dtype']}, group {layout.quant['group']}, "
+          f"format version {layout.version})")
     for name, s in info["sections"].items():
         print(f"  {name:<10} {s['bytes']:>15,} bytes at {s['offset']:,}")
-    if info["ple_record_bytes"]:
+    if info["ple_record_bytes"] and layout.ngram is not None:
+        g = layout.ngram
+        print(f"  PLE record: {info['ple_record_bytes']} bytes, stride {info['ple_record_stride']}; "
+              f"{layout.ple_reads} per token, one per hash head (n-gram orders {list(g.orders)} x {g.heads} heads"
+              + (", ids compressed by the file's id map)" if layout.id_map else ")"))
+    elif info["ple_record_bytes"]:
         print(f"  PLE record: {info['ple_record_bytes']} bytes per token, stride {info['ple_record_stride']}"
               + (" (embedding row included)" if layout.quant["embed_in_record"] else ""))
     if layout.source.get("table_only"):

@@ -7,7 +7,9 @@ architecture and FFN kind without allocating a weight):
     MoE experts            the router, top_k of the num_experts routed experts, and the shared expert
     MGLU masks             n_m x F x H mask elements at 1 bit each (not weights: `active_params_per_token` and
                            the `ffn_params` budget leave them out, `inference_bytes` counts their bits)
-    lookup tables          one row each: the main embedding (H values) and the PLE table (L_ple x dP)
+    lookup tables          one row each: the main embedding (H values) and the PLE table (L_ple x dP); an n-gram
+                           PLE table S rows of L_ple x dP / S, one per hash head, each with its own scales, and
+                           with an id map the token's compressed id (4 bytes, no parameter)
     tied output head       the whole V x H embedding matrix (a matmul for every token)
 
 A `pruned` FFN ships as the plain SwiGLU of width prune_to (`shipped_config`, as the export writes it), so
@@ -29,7 +31,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from plelab.edge.export import EMBED, PLE_TABLE, ExportOptions, shipped_config
+from plelab.edge.export import EMBED, ID_MAP_BUFFER, PLE_TABLE, ExportOptions, shipped_config
 from plelab.edge.quant import EXPORT_QUANTS, Encoding
 from plelab.errors import PlelabError
 from plelab.model.config import FFNConfig, ModelConfig
@@ -52,7 +54,7 @@ class BudgetError(PlelabError):
     """A budget that cannot be computed or met (unknown budget or quant, no width within tolerance)."""
 
 
-ReadKind = Literal["matrix", "vector", "mask", "row"]
+ReadKind = Literal["matrix", "vector", "mask", "row", "id"]
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,8 @@ class Read:
 
     name: str
     kind: ReadKind
-    """matrix (quantised like a matrix), vector (norms, scalar gates), mask (1 bit per value) or row (a table
-    record: codes and the row's own scales)."""
+    """matrix (quantised like a matrix), vector (norms, scalar gates), mask (1 bit per value), row (a table
+    record: codes and the row's own scales) or id (a uint32 of the n-gram id map: not a parameter)."""
     numel: int
     times: int = 1
     macs: int = 0
@@ -75,7 +77,7 @@ class Read:
         """Parameters counted towards `active_params_per_token`."""
         if self.params is not None:
             return self.params
-        return 0 if self.kind == "mask" else self.numel * self.times
+        return 0 if self.kind in ("mask", "id") else self.numel * self.times
 
 
 def _module_reads(model: nn.Module, skip: str | None = None) -> list[Read]:
@@ -133,7 +135,9 @@ def token_reads(cfg: ModelConfig) -> list[Read]:
         block = _ffn_reads(H, _key(layer_ffn_config(cfg, layer)))
         reads += [dataclasses.replace(r, name=f"layers.{layer}.mlp.{r.name}") for r in block]
     if cfg.ple_layers:
-        reads.append(Read(PLE_TABLE, "row", len(cfg.ple_layers) * cfg.ple.dim))
+        reads.append(Read(PLE_TABLE, "row", cfg.ple_row_width, times=cfg.ple_heads))
+        if cfg.ple_layout is not None and cfg.ple.ngram.id_map is not None:
+            reads.append(Read(ID_MAP_BUFFER, "id", 1))
     # Tied: the input row is one of the head's rows, so it is read again but adds no parameter.
     reads.append(Read(EMBED, "row", H, params=0 if cfg.tie_embeddings else H))
     if cfg.tie_embeddings:
@@ -144,9 +148,9 @@ def token_reads(cfg: ModelConfig) -> list[Read]:
 def active_params_per_token(cfg: ModelConfig) -> int:
     """Parameters one token's forward touches: every dense weight it multiplies or scales by (attention, FFN
     with only the router, top_k experts and shared expert of an MoE, norms, PLE gates and projections, the
-    output head even when tied) plus the table rows it looks up (one embedding row, one PLE row); not the other
-    V - 1 rows, not the unrouted experts, not MGLU's 1-bit masks. A tied embedding row counts once (it is a
-    row of the head)."""
+    output head even when tied) plus the table rows it looks up (one embedding row; one PLE row, or the S rows of
+    an n-gram table); not the other rows, not the unrouted experts, not MGLU's 1-bit masks. A tied embedding row
+    counts once (it is a row of the head)."""
     return sum(r.param_count for r in token_reads(cfg))
 
 
@@ -164,7 +168,9 @@ def _export_options(quant: str) -> ExportOptions:
 
 
 def read_bytes(read: Read, opts: ExportOptions) -> int:
-    """Bytes of one read as `opts` stores it (codes plus fp16 scales)."""
+    """Bytes of one read as `opts` stores it (codes plus fp16 scales; an id is a uint32)."""
+    if read.kind == "id":
+        return read.times * 4 * read.numel
     enc = {"vector": opts.vector_enc, "mask": Encoding("u1")}.get(read.kind, opts.matrix_enc)
     return read.times * (enc.code_bytes(read.numel) + enc.scale_bytes(read.numel))
 

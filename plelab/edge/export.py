@@ -1,8 +1,11 @@
 """Export a PyTorch PLE model (a checkpoint, or a preset with random weights) to a .ple file.
 
 What is stored how:
-    PLE table                    row table `ple`: one record per token id = all L*dP values + their scales
-                                 (plus the main-embedding row when `embed_in_record`)
+    PLE table                    row table `ple`: one record per table row = its L_ple x dP / S values + their
+                                 scales; a token table has a row (all L*dP values) per token id, plus the
+                                 main-embedding row when `embed_in_record`; an n-gram table a row per hash bucket
+                                 (S of them read per position, docs/ngram-ple.md)
+    n-gram id map                section `idmap`: the compressed id of every token id, uint32
     main embedding               row table `embed`: one record per id (also the output head when tied);
                                  absent when it is untied and already inside the `ple` records
     matrices (2-D weights)       the chosen encoding, grouped over the flattened matrix
@@ -12,7 +15,8 @@ What is stored how:
                                  (`mlp.experts.{e}.gate_proj` ...), so a token reads only its routed experts
     pruned FFN                   exported as the plain SwiGLU of width prune_to (plelab.model.pruning)
 The layout depends only on the config and the options, so `layout_for_config` sizes a model (for
-`plelab place`) without any weights.
+`plelab place`) without any weights. A model the runtimes cannot run as the file would describe it (a gate or a
+convolution they do not implement) is refused in one line naming the field: never written wrong.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 import torch
 
 from plelab import __version__
-from plelab.edge.format import Layout, Part, Table, TensorEntry, write_ple
+from plelab.edge.format import GATE_CODES, ID_MAP, Layout, Part, Table, TensorEntry, write_ple
 from plelab.edge.quant import EXPORT_QUANTS, Encoding, ExportQuant, quantize
 from plelab.errors import PlelabError
 from plelab.model.config import FFNConfig, ModelConfig
@@ -41,6 +45,7 @@ from plelab.util.dataclass_config import to_dict
 
 PLE_TABLE = "per_layer_inputs.embed_tokens_per_layer.weight"
 EMBED = "embed_tokens.weight"
+ID_MAP_BUFFER = "per_layer_inputs.index.id_map"  # the n-gram index's token-id compression (section `idmap`)
 _CHUNK_VALUES = 1 << 22  # values per streamed table chunk (16 MB of float32)
 _EXPERT_STACK = re.compile(r"(.*\.mlp\.)(gate_proj|up_proj|down_proj)")  # MoE's (E, ...) stacks: no `.weight`
 
@@ -94,9 +99,31 @@ class ExportOptions:
 
 
 def derived(cfg: ModelConfig) -> dict[str, Any]:
-    """Values the runtime needs that the config only implies (so the runtime needs no plelab.model)."""
-    return {"head_dim": cfg.head_size, "kv_heads": cfg.kv_heads, "ple_layers": cfg.ple_layers,
-            "ple_vocab_size": cfg.ple_vocab_size if cfg.ple.dim else 0}
+    """Values the runtime needs that the config only implies (so the runtime needs no plelab.model): with an n-gram
+    index, its orders, heads per order, rows per head of each order, hash seed and whether ids are compressed."""
+    out = {"head_dim": cfg.head_size, "kv_heads": cfg.kv_heads, "ple_layers": cfg.ple_layers,
+           "ple_vocab_size": cfg.ple_table_rows if cfg.ple.dim else 0}
+    layout = cfg.ple_layout
+    if layout is not None and cfg.ple_layers:
+        out["ple_ngram"] = {"orders": list(layout.orders), "heads": layout.heads, "rows": list(layout.rows),
+                            "seed": layout.seed, "id_map": cfg.ple.ngram.id_map is not None}
+    return out
+
+
+def unsupported(cfg: ModelConfig) -> str | None:
+    """Why the .ple runtimes cannot run `cfg` as its file would describe it (one line naming the field), or None."""
+    if cfg.arch != "llama":
+        return (f"arch={cfg.arch}: the .ple runtimes execute the llama-style block only (for transformers: "
+                "plelab export-hf)")
+    if not cfg.ple_layers:
+        return None
+    if cfg.ple.gate not in GATE_CODES:
+        return (f"ple.gate={cfg.ple.gate}: the .ple runtimes implement the gates {', '.join(GATE_CODES)} (train "
+                "with one of them to export)")
+    if cfg.ple.conv_kernel:
+        return (f"ple.conv_kernel={cfg.ple.conv_kernel}: the .ple runtimes do not implement the short "
+                "convolution (train with ple.conv_kernel=0 to export)")
+    return None
 
 
 def shipped_config(cfg: ModelConfig) -> ModelConfig:
@@ -154,14 +181,20 @@ def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str
     `shapes` (parameter name -> shape) saves building a meta model when a real one is at hand.
     """
     cfg = shipped_config(cfg)
+    problem = unsupported(cfg)
+    if problem:
+        raise ExportError(f"cannot export this model: {problem}")
     shapes = dict(shapes) if shapes is not None else parameter_shapes(cfg)
-    if cfg.ple_layers:  # from the config: a model from `random_model` holds a one-row stand-in table
-        shapes[PLE_TABLE] = (cfg.ple_vocab_size, len(cfg.ple_layers) * cfg.ple.dim)
+    if cfg.ple_layers:  # from the config: a model from `random_model` holds a small stand-in table
+        shapes[PLE_TABLE] = (cfg.ple_table_rows, cfg.ple_row_width)
     H = cfg.hidden_size
     embed_enc = opts.encodings.get("embed", opts.matrix_enc)
     embed_part = Part("embed", embed_enc, H)
     tables = []
     if PLE_TABLE in shapes:
+        if opts.embed_in_record and cfg.ple_layout is not None:
+            raise ExportError("--embed-in-record puts each token id's embedding row in its PLE record; the rows of "
+                              "an n-gram table are hash buckets, not token ids (export without it)")
         if opts.embed_in_record and cfg.ple_vocab_size != cfg.vocab_size:
             raise ExportError(f"--embed-in-record needs ple.vocab_size == vocab_size "
                               f"({cfg.ple_vocab_size} != {cfg.vocab_size})")
@@ -176,7 +209,7 @@ def layout_for_config(cfg: ModelConfig, opts: ExportOptions, tokenizer: dict[str
         tables.append(Table("embed", cfg.vocab_size, [Part("embed", embed_enc, H)]))
     tensors = []
     for name, shape in shapes.items():
-        if name in (PLE_TABLE, EMBED):
+        if name in (PLE_TABLE, EMBED, ID_MAP_BUFFER):
             continue
         numel = math.prod(shape)
         if name.endswith("mask_logits"):
@@ -211,9 +244,6 @@ def export_model(
     ple_rows: Callable[[int, int], np.ndarray] | None = None,
 ) -> Layout:
     """Write `model` to `out`; `ple_rows(start, stop)` may supply the PLE table instead of the model."""
-    if model.config.arch != "llama":
-        raise ExportError(f"the .ple runtimes execute the llama-style block only, this model is arch="
-                          f"{model.config.arch} (for transformers: plelab export-hf)")
     tok_blob, tok = b"", None
     if tokenizer_json:
         tok_blob = zlib.compress(tokenizer_json.encode("utf-8"), 9)
@@ -245,6 +275,8 @@ def model_sections(model: LanguageModel, layout: Layout, search: bool = True,
         return quantize(flat, t.enc, search=search)
 
     sections: dict[str, Iterator] = {"tensors": layout.tensor_chunks(encode_tensor)}
+    if layout.id_map:
+        sections[ID_MAP] = iter([params[ID_MAP_BUFFER].cpu().numpy().astype("<u4").tobytes()])
     for tab in layout.tables:
         sections[tab.name] = tab.chunks(table_records(tab, source_rows, search))
     return sections
@@ -261,12 +293,11 @@ def table_records(tab: Table, rows: Callable[[str, int, int], np.ndarray], searc
 def random_model(cfg: ModelConfig, seed: int) -> tuple[LanguageModel, Callable[[int, int], np.ndarray] | None]:
     """A randomly initialised model for export, plus a streaming row generator for its PLE table.
 
-    The model is built with a one-row PLE table (so a 1 GB table is never allocated) and then carries
-    the real `cfg`: it is for export only, its own forward pass would be wrong.
+    The model is built with a stand-in PLE table of a row or a few (so a 1 GB table is never allocated) and then
+    carries the real `cfg`: it is for export only, its own forward pass would be wrong.
     """
     torch.manual_seed(seed)
-    small = dataclasses.replace(cfg, ple=dataclasses.replace(cfg.ple, vocab_size=1)) if cfg.ple_layers else cfg
-    model = LanguageModel(small)
+    model = LanguageModel(_small_table(cfg))
     model.config = cfg
     if not cfg.ple_layers:
         return model, None
@@ -275,9 +306,25 @@ def random_model(cfg: ModelConfig, seed: int) -> tuple[LanguageModel, Callable[[
     def rows(a: int, b: int) -> np.ndarray:
         # Seeded by (seed, chunk start): reproducible for the exporter's fixed chunking, no table held.
         rng = np.random.default_rng([seed, a])
-        return rng.standard_normal((b - a, len(cfg.ple_layers) * cfg.ple.dim), dtype=np.float32) * np.float32(std)
+        return rng.standard_normal((b - a, cfg.ple_row_width), dtype=np.float32) * np.float32(std)
 
     return model, rows
+
+
+def _small_table(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` with the smallest PLE table its index allows: one row, or an n-gram head of the smallest prime rows the
+    hash accepts (everything else, the id map included, as configured)."""
+    if not cfg.ple_layers:
+        return cfg
+    if cfg.ple_layout is None:
+        return dataclasses.replace(cfg, ple=dataclasses.replace(cfg.ple, vocab_size=1))
+    from plelab.model.ngram import next_prime, rows_problem
+
+    rows = 2
+    while rows_problem(rows, cfg.vocab_size):
+        rows = next_prime(rows + 1)
+    return dataclasses.replace(cfg, ple=dataclasses.replace(cfg.ple, ngram=dataclasses.replace(cfg.ple.ngram,
+                                                                                               rows=[rows])))
 
 
 def checkpoint_config(path: str | Path) -> ModelConfig:

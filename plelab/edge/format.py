@@ -6,7 +6,10 @@ Byte-level specification: docs/ple-format.md. In short (little-endian throughout
 
 Version 2 adds `model`, a fixed binary description of the model (dims, flags, tensor directory, record
 layouts) so a microcontroller runtime needs neither an inflater nor a JSON parser; it repeats what the meta
-JSON says, and a reader checks that the two agree. Version 1 files (no `model` section) are still read.
+JSON says, and a reader checks that the two agree. Version 3 adds the n-gram index of a PLE table (its hash
+parameters in `model`, the token-id compression in an `idmap` section); a file is written at the lowest version
+that describes it, so a token model's file is the version 2 file it always was. Version 1 files (no `model`
+section) are still read.
 Dense tensors (read whole on every token) live in the `tensors` section as a codes block then a scales
 block each. Row tables (the PLE table, the main embedding) are arrays of fixed-stride *records*: one
 record holds everything a token needs from that table (codes and scales of every part), so a token
@@ -35,22 +38,24 @@ import numpy as np
 
 from plelab.edge.quant import Encoding, QuantError, dequantize
 from plelab.errors import PlelabError
+from plelab.model.ngram import NgramLayout
 from plelab.util.fs import atomic_writer
 
 MAX_ALIGN = 1 << 16
 """Largest record stride multiple: beyond a 64 KiB erase block no storage gains from it, and every record would be
 padded to it (an align of 1e9 asks for 1 GB per token)."""
 MAGIC = b"\x89PLE\r\n\x1a\n"  # PNG-style: non-ASCII first byte and CR/LF/^Z catch text-mode mangling
-VERSION = 2
-READ_VERSIONS = (1, 2)  # versions this reader understands; the writer always writes VERSION
+VERSION = 3  # the newest version; a file is written at the lowest one that describes it (Layout.version)
+READ_VERSIONS = (1, 2, 3)  # versions this reader understands
 # magic, version, header bytes, file bytes, section count, section-table crc32, body crc32, reserved, header crc32
 HEADER = struct.Struct("<8sIIQIII24sI")
 SECTION = struct.Struct("<16sQQ32s")  # name, offset, bytes, sha256
 # The `model` section (version 2): a fixed head, the PLE layer indices (u32), the name suffixes (NUL-terminated
 # strings), one entry per dense tensor, then per row table an entry followed by its parts; each of the first
-# three blocks padded to 8 bytes. Field order: docs/ple-format.md section 4b. A tensor name is `layers.{layer}.`
-# + its suffix (or the suffix alone, layer NO_LAYER): per-layer names share one string, which keeps the section
-# small (the esp32-28m file stays within the reference deployment's size).
+# three blocks padded to 8 bytes (version 3: an n-gram index adds its block after the PLE layers). Field order:
+# docs/ple-format.md section 4b. A tensor name is `layers.{layer}.` + its suffix (or the suffix alone, layer
+# NO_LAYER): per-layer names share one string, which keeps the section small (the esp32-28m file stays within the
+# reference deployment's size).
 MODEL_MAGIC = b"PLEM"
 MODEL_HEAD = struct.Struct("<4s21I2d")
 TENSOR_DESC = struct.Struct("<HHBBHI4IQQ")  # layer, suffix offset, dtype, ndim, 0, group, shape[4], codes, scales
@@ -61,6 +66,11 @@ PART_DESC = struct.Struct("<16sBBHIIIII")  # name, dtype, 0, 0, group, length, c
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "u1": 4}
 FFN_CODES = {"swiglu": 0, "mglu": 1, "lowrank": 2, "moe": 3}
 GATE_CODES = {"input": 0, "scalar": 1, "vector": 2}
+INDEX_CODES = {"token": 0, "ngram": 1}  # which table rows a position reads (version 3; 0 in version 2)
+# version 3, n-gram index: orders N, heads per order, hash seed, id-map entries (0 or vocab_size), then N orders
+# and N rows per head (u32 each), the block padded to 8 bytes
+NGRAM_HEAD = struct.Struct("<4I")
+ID_MAP = "idmap"  # the section of an n-gram model's token-id compression: vocab_size u32, one per token id
 FLAG_TIE, FLAG_EMBED_SCALE, FLAG_PLE_CONTEXT, FLAG_PLE_OUTPUT_NORM, FLAG_SHARED_EXPERT = 1, 2, 4, 8, 16
 SECTION_ALIGN = 64  # every section starts on a 64-byte boundary (cache line; mmap-friendly)
 TENSOR_ALIGN = 8  # every codes / scales block inside `tensors` starts on an 8-byte boundary
@@ -276,10 +286,15 @@ class Layout:
     source: dict[str, Any] = field(default_factory=dict)
     sections: list[Section] = field(default_factory=list)
     file_bytes: int = 0
-    version: int = VERSION
-    """Format version of the file this layout describes (a new layout is always written as VERSION)."""
+    version: int | None = None
+    """Format version of the file this layout describes; None (a new layout): the lowest that describes it, 3 for
+    an n-gram index, else 2."""
 
     def __post_init__(self) -> None:
+        if self.version is None:
+            self.version = 3 if self.ngram is not None else 2
+        if self.ngram is not None and self.version < 3:
+            raise ValueError(f"an n-gram index needs format version 3, the file is version {self.version}")
         pos = 0
         for t in self.tensors:
             t.codes = _round_up(pos, TENSOR_ALIGN)
@@ -288,6 +303,22 @@ class Layout:
         self._tensors_bytes = pos
         if not self.sections:
             self._place_sections()
+
+    @property
+    def ngram(self) -> NgramLayout | None:
+        """The PLE table's n-gram index (orders, heads, rows, hash seed), or None for a token table."""
+        g = self.derived.get("ple_ngram")
+        return NgramLayout(tuple(g["orders"]), g["heads"], tuple(g["rows"]), g["seed"]) if g else None
+
+    @property
+    def ple_reads(self) -> int:
+        """PLE records one position reads: one per hash head of an n-gram index, else one."""
+        return self.ngram.num_heads if self.ngram is not None else 1
+
+    @property
+    def id_map(self) -> bool:
+        """Whether the file holds a token-id compression (the `idmap` section: an n-gram index hashes its ids)."""
+        return bool(self.derived.get("ple_ngram", {}).get("id_map"))
 
     def meta(self) -> dict[str, Any]:
         """The meta JSON object (offsets inside it are relative to their section, so its size is stable)."""
@@ -300,8 +331,8 @@ class Layout:
         return zlib.compress(json.dumps(self.meta(), separators=(",", ":"), sort_keys=True).encode(), 9)
 
     def model_desc(self) -> bytes:
-        """The binary `model` section (version 2): what a runtime without JSON needs, fixed-size fields."""
-        m, d = self.model, self.derived
+        """The binary `model` section (versions 2 and 3): what a runtime without JSON needs, fixed-size fields."""
+        m, d, g = self.model, self.derived, self.ngram
         ffn, ple = m["ffn"], m["ple"]
         flags = (FLAG_TIE * bool(m["tie_embeddings"]) | FLAG_EMBED_SCALE * bool(m["embed_scale"])
                  | FLAG_PLE_CONTEXT * bool(ple["context"]) | FLAG_PLE_OUTPUT_NORM * bool(ple["output_norm"]))
@@ -322,7 +353,8 @@ class Layout:
                                    d["kv_heads"], d["head_dim"], m["vocab_size"], m["max_seq_len"],
                                    FFN_CODES[ffn["kind"]], width, kind_a, kind_b, ple["dim"], d["ple_vocab_size"],
                                    len(layers), GATE_CODES[ple["gate"]], flags, len(self.tensors), len(self.tables),
-                                   len(strings), 0, m["norm_eps"], m["rope_theta"])
+                                   len(strings), INDEX_CODES["ngram" if g else "token"], m["norm_eps"],
+                                   m["rope_theta"])
             entries = []
             for t, (layer, suffix) in zip(self.tensors, names, strict=True):
                 if len(t.shape) > 4 or len(t.name.encode()) >= 64 or t.vector != t.numel:
@@ -337,8 +369,13 @@ class Layout:
                 tables += [PART_DESC.pack(p.name.encode(), DTYPE_CODES[p.enc.dtype], 0, 0, p.enc.group, p.length,
                                           p.codes, p.scales, 0) for p in tab.parts]
         except (struct.error, KeyError) as exc:
-            raise PleFormatError(f"the model cannot be described in format version {VERSION} ({exc})") from exc
-        blocks = [struct.pack(f"<{len(layers)}I", *layers), strings, b"".join(entries)]
+            raise PleFormatError(f"the model cannot be described in format version {self.version} ({exc})") from exc
+        blocks = [struct.pack(f"<{len(layers)}I", *layers)]
+        if g is not None:
+            entries_map = m["vocab_size"] if self.id_map else 0
+            blocks.append(NGRAM_HEAD.pack(len(g.orders), g.heads, g.seed, entries_map)
+                          + struct.pack(f"<{2 * len(g.orders)}I", *g.orders, *g.rows))
+        blocks += [strings, b"".join(entries)]
         return head + b"".join(b + bytes(-len(b) % 8) for b in blocks) + b"".join(tables)
 
     def _section_sizes(self) -> list[tuple[str, int, int]]:
@@ -347,6 +384,8 @@ class Layout:
         if self.version >= 2:
             out.append(("model", len(self.model_desc()), TENSOR_ALIGN))
         out.append(("tensors", self._tensors_bytes, SECTION_ALIGN))
+        if self.id_map:
+            out.append((ID_MAP, 4 * self.model["vocab_size"], SECTION_ALIGN))
         for t in self.tables:
             out.append((t.name, t.nbytes, max(SECTION_ALIGN, t.align, t.page)))
         if self.tokenizer:
@@ -422,7 +461,7 @@ def write_ple(path: str | Path, layout: Layout, sections: dict[str, Iterable[byt
             pos = sec.offset + n
         table = b"".join(SECTION.pack(s.name.encode(), s.offset, s.nbytes, s.sha256) for s in layout.sections)
         f.seek(0)
-        f.write(_pack_header(layout.file_bytes, len(layout.sections), zlib.crc32(table), body_crc))
+        f.write(_pack_header(layout.file_bytes, len(layout.sections), zlib.crc32(table), body_crc, layout.version))
         f.write(table)
     return layout
 
@@ -525,7 +564,7 @@ class PleFile:
 
     def _verify(self, full: bool) -> None:
         """Check section sha256s (all of them, or all but the row tables and tokenizer) and the body crc32."""
-        skip = set() if full else {t.name for t in self.layout.tables} | {"tokenizer"}
+        skip = set() if full else {t.name for t in self.layout.tables} | {ID_MAP, "tokenizer"}
         crc = 0
         pos = self._body_start
         for sec in sorted(self.layout.sections, key=lambda s: s.offset):
@@ -575,6 +614,10 @@ class PleFile:
             hi = min(self.layout.file_bytes, -(-(off + table.record_bytes) // _RELEASE_WINDOW) * _RELEASE_WINDOW)
             self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
         return out
+
+    def read_id(self, token: int) -> int:
+        """Token `token`'s compressed id from the `idmap` section (one 4-byte read)."""
+        return struct.unpack("<I", self._pread(4, self.layout.section(ID_MAP).offset + 4 * token))[0]
 
     def read_table(self, table: Table, part: str, chunk_rows: int = 4096) -> np.ndarray:
         """One part of every record, float32 (rows, length): a whole-table read, for the output head."""

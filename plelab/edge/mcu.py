@@ -154,6 +154,9 @@ DEBIAN_PACKAGES = tuple(dict.fromkeys(p for b in BOARDS.values() for p in b.tool
 # the harness besides the architecture's startup (Toolchain.startup)
 SOURCES = (*(C_DIR / s for s in c_engine.LIBRARY), MCU_DIR / "board.c", MCU_DIR / "plemcu.c",
            MCU_DIR / "ple_storage_flash.c", C_DIR / "ple_kcheck.c")
+# what an image runs: the harness (plemcu.c, the runtime on the flashed model), or the n-gram hash alone on the
+# inputs of its command line (plengram.c, for the hash's test vectors; no model needed)
+PROGRAMS = {"plemcu": SOURCES, "plengram": (MCU_DIR / "board.c", C_DIR / "plengram.c", C_DIR / "ple_ngram.c")}
 # -Wstack-usage: no function may take more than 4 KiB of stack (an ESP-IDF task's whole stack can be 3.5 KiB)
 COMPILE_FLAGS = ("-std=gnu99", "-O2", "-Wall", "-Wextra", "-Werror", "-Wstack-usage=4096", "-ffp-contract=fast",
                  "-ffunction-sections", "-fdata-sections", "-DPLE_BARE_METAL")
@@ -291,12 +294,13 @@ def _wrap_flags(toolchain: Toolchain) -> list[str]:
     return [f"-Wl,--wrap={name}" for _, names in toolchain.helpers for name in names]
 
 
-def _objects(board: Board, kernel: str | None) -> list[Path]:
-    """The runtime, harness and helper wrappers compiled for the board (cached by sources, flags and compiler)."""
+def _objects(board: Board, kernel: str | None, program: str = "plemcu") -> list[Path]:
+    """The program's sources (PROGRAMS), the board's startup and the helper wrappers compiled for the board (cached
+    by sources, flags and compiler)."""
     flags = image_flags(board, kernel)
     tc = board.toolchain
     cc = tc.cc
-    sources = (*SOURCES, MCU_DIR / tc.startup)
+    sources = (*PROGRAMS[program], MCU_DIR / tc.startup)
     h = hashlib.sha256()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     headers = [*(C_DIR / n for n in c_engine.HEADERS), *MCU_DIR.glob("*.h")]
@@ -338,28 +342,35 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def build_image(board_name: str, model: str | Path, kernel: str | None = None, out: str | Path | None = None) -> Path:
-    """An ELF image of the harness for `board_name` with `model` (.ple bytes) linked into its flash partition."""
+def build_image(board_name: str, model: str | Path | None, kernel: str | None = None, out: str | Path | None = None,
+                program: str = "plemcu") -> Path:
+    """An ELF image of `program` (PROGRAMS: the harness by default) for `board_name` with `model` (.ple bytes) linked
+    into its flash partition (None: an empty partition, for a program that reads no model)."""
     board = get_board(board_name)
     check_kernel(board.name, kernel)
-    model = Path(model).resolve()
-    check_fits_flash(board, model)  # before anything is read or compiled: a file of gigabytes is refused at once
+    if program not in PROGRAMS:
+        raise McuError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
+    if model is not None:
+        model = Path(model).resolve()
+        check_fits_flash(board, model)  # before anything is read or compiled: a file of gigabytes is refused at once
     _cache()  # a cache that cannot be written: one line, before compiling
     _require(board)
-    objs = _objects(board, kernel)
+    objs = _objects(board, kernel, program)
     linker = [(MCU_DIR / board.linker_script).read_text(), (MCU_DIR / "plemcu.ld").read_text()]
-    key = hashlib.sha256("\0".join([*map(str, objs), _file_digest(model), *linker]).encode()).hexdigest()[:16]
-    image = Path(out) if out else _cache("img", key) / f"plemcu-{board.name}.elf"
+    digest = _file_digest(model) if model is not None else "no model"
+    key = hashlib.sha256("\0".join([*map(str, objs), digest, *linker]).encode()).hexdigest()[:16]
+    image = Path(out) if out else _cache("img", key) / f"{program}-{board.name}.elf"
     if out is None and image.is_file():
         return image
     with tempfile.TemporaryDirectory() as tmp:
         asm = Path(tmp) / "partition.S"
         quoted = str(model).replace("\\", "\\\\").replace('"', '\\"')
+        incbin = f'    .incbin "{quoted}"' if model is not None else ""
         asm.write_text(f'''    .section .ple_partition, "a"
     .balign 64
     .global ple_partition_start
 ple_partition_start:
-    .incbin "{quoted}"
+{incbin}
     .balign {PARTITION_ALIGN}, 0xff
     .global ple_partition_end
 ple_partition_end:

@@ -1,7 +1,9 @@
 """Placement (`plelab place`): every part of a .ple model in a device's memory tiers, and the time per token.
 
 Items and how a token uses them:
-    row tables (PLE records, an untied embedding)  stay in storage; one record read per token each
+    row tables (PLE records, an untied embedding)  stay in storage; one record read per token each, S PLE records
+                                                     for an n-gram index (one per hash head)
+    an n-gram index's id map                         stays in storage; one 4-byte read per token
     dense tensors and a tied head (embedding table)  loaded into RAM; read whole once per token
     MoE expert tensors                               loaded into RAM; read by the tokens routed to them
                                                      (top_k / num_experts of the tokens, on average)
@@ -22,7 +24,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from plelab.edge.format import Layout, Part, Table
+from plelab.edge.format import ID_MAP, Layout, Part, Table
 from plelab.errors import PlelabError
 from plelab.util.dataclass_config import ConfigError, read_file
 
@@ -185,7 +187,13 @@ def items(layout: Layout, context: int, kv_dtype: str) -> list[Item]:
     out = []
     if ple is not None:
         what = "PLE records (codes + scales" + (" + embedding row" if ple.part("embed") else "") + ")"
-        out.append(Item("table:ple", what, ple.nbytes, ple.record_bytes, 1, resident=False))
+        if layout.ngram is not None:
+            what += f", {layout.ple_reads} per token (n-gram hash heads)"
+        out.append(Item("table:ple", what, ple.nbytes, layout.ple_reads * ple.record_bytes, layout.ple_reads,
+                        resident=False))
+    if layout.id_map:
+        out.append(Item(ID_MAP, "compressed token ids (uint32 per token id)", layout.section(ID_MAP).nbytes, 4, 1,
+                        resident=False))
     if embed is not None:
         row = 0 if ple is not None and ple.part("embed") else embed.record_bytes
         if tied:  # the output head: read whole per token, so it is loaded; the input row comes from that copy
@@ -306,7 +314,7 @@ def flip_embed_in_record(layout: Layout) -> Layout | None:
     """The same model with the embedding-in-record choice reversed (None when it cannot be)."""
     m = layout.model
     ple, embed = layout.table("ple"), layout.table("embed")
-    if ple is None or layout.derived["ple_vocab_size"] != m["vocab_size"]:
+    if ple is None or layout.ngram is not None or layout.derived["ple_vocab_size"] != m["vocab_size"]:
         return None
     in_record = ple.part("embed")
     tables = [t for t in layout.tables if t.name not in ("ple", "embed")]

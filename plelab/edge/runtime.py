@@ -3,8 +3,10 @@
 The dense core (and a tied output head) is dequantised into memory once; MGLU masks stay packed at 1 bit
 and are applied a block of rows at a time, and MoE experts are read only by the tokens routed to them. The
 PLE table and, when it is not resident, the main embedding stay in the memory-mapped file and only the
-records of the tokens actually seen are touched (one contiguous read each). Every read is counted per
-memory tier: records really read from the file, and the dense reads a device would make (from the
+records the positions read are touched (one contiguous read each): a token table's record of the token id, or
+an n-gram table's S records, one per hash head, whose rows the hash of the ids ending at the position chooses
+(plelab.model.ngram; the cache keeps the ids before a position that its n-grams reach back to). Every read is
+counted per memory tier: records really read from the file, and the dense reads a device would make (from the
 placement when one is given, plelab.edge.placement). Mirrors plelab/model/{transformer,ple,ffn,moe,norm}.py operation
 for operation in float32, so an fp32 export reproduces the PyTorch logits; imports no torch.
 """
@@ -21,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from plelab.edge.format import PleFile
+from plelab.edge.format import GATE_CODES, ID_MAP, PleFile
 from plelab.edge.placement import kv_bytes_per_position
 from plelab.errors import PlelabError, token_id_message
 from plelab.inference.generate import check_fits, generate_ids
 from plelab.inference.sampling import Sampling
-from plelab.model.config import PLE_GATES as GATES
+from plelab.model.ngram import hash_rows_numpy
 
 HOST_TIERS = {"rows": "file", "dense": "ram"}
 # FFN kinds a file can hold (a pruned FFN is exported as the swiglu it becomes)
@@ -100,10 +102,12 @@ def rope(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
 
 @dataclass
 class KVCache:
-    """Keys and values per layer, (kv_heads, capacity, head_dim) float32; `pos` positions filled."""
+    """Keys and values per layer, (kv_heads, capacity, head_dim) float32; `pos` positions filled; the ids an
+    n-gram index hashed at each position (compressed ones when the file maps them), uint32."""
 
     keys: np.ndarray
     values: np.ndarray
+    ids: np.ndarray
     pos: int = 0
 
     @property
@@ -174,10 +178,12 @@ class EdgeModel:
         if self.ffn_kind not in FFN_KINDS:
             raise EdgeRuntimeError(f"FFN kind {self.ffn_kind!r} is not supported by the edge runtime ({FFN_KINDS})")
         self.ple_layers = list(d["ple_layers"])
-        if self.ple_layers and self.ple["gate"] not in GATES:
-            raise EdgeRuntimeError(f"PLE gate {self.ple['gate']!r} is not supported by the edge runtime ({GATES})")
+        if self.ple_layers and self.ple["gate"] not in GATE_CODES:
+            raise EdgeRuntimeError(f"PLE gate {self.ple['gate']!r} is not supported by the edge runtime "
+                                   f"({', '.join(GATE_CODES)})")
         self.slot = {layer: i for i, layer in enumerate(self.ple_layers)}
         self.ple_vocab = d["ple_vocab_size"]
+        self.ngram, self.ple_reads, self.id_map = lay.ngram, lay.ple_reads, lay.id_map
         missing = [n for n in self._required() if n not in {t.name for t in lay.tensors}]
         if missing:
             raise EdgeRuntimeError(f"{path} lacks tensors this model needs: {', '.join(missing[:3])}")
@@ -289,7 +295,7 @@ class EdgeModel:
     def new_cache(self, capacity: int) -> KVCache:
         """An empty KV cache for `capacity` positions."""
         shape = (self.n_layers, self.n_kv, capacity, self.head_dim)
-        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(capacity, np.uint32))
 
     def check_ids(self, ids: list[int]) -> None:
         """Raise a clear error for ids outside [0, vocab_size)."""
@@ -297,18 +303,37 @@ class EdgeModel:
         if bad:
             raise EdgeRuntimeError(token_id_message(self.vocab, bad))
 
-    def _rows(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
-        """Input embeddings (T, H) and raw PLE rows (T, L_ple*dP), reading one record per token and table."""
+    def _table_rows(self, ids: list[int], cache: KVCache) -> np.ndarray:
+        """(T, S) PLE table rows of the new positions: the token's own (row 0 past a token table), or one per hash
+        head of the n-grams ending there (the cache keeps the ids hashed so far, for the positions after)."""
+        if self.ngram is None:
+            return np.array([[tok if tok < self.ple_vocab else 0] for tok in ids], np.int64)
+        hashed = ids
+        if self.id_map:
+            hashed = [self.file.read_id(tok) for tok in ids]
+            self.traffic.add(self.tier(ID_MAP, "rows"), 4 * len(ids), len(ids))
+        start, stop = cache.pos, cache.pos + len(ids)
+        cache.ids[start:stop] = hashed
+        first = max(0, start - self.ngram.max_order + 1)  # the earliest id the n-grams of `start` reach
+        return hash_rows_numpy(cache.ids[first:stop], self.ngram)[start - first :]
+
+    def _rows(self, ids: list[int], cache: KVCache) -> tuple[np.ndarray, np.ndarray | None]:
+        """Input embeddings (T, H) and raw PLE rows (T, L_ple*dP): per position one record of each table, S of an
+        n-gram table (each holds every layer's slice of one head; layer l's values are the heads' slices side by
+        side)."""
         emb = np.empty((len(ids), self.H), np.float32)
         ple = None
         if self.ple_table is not None:
-            ple = np.empty((len(ids), self.ple_table.part("ple").length), np.float32)
+            ple = np.empty((len(ids), len(self.ple_layers) * self.ple["dim"]), np.float32)
             tier = self.tier("table:ple", "rows")
+            table_rows = self._table_rows(ids, cache)
         for i, tok in enumerate(ids):
             if ple is not None:
-                rec = self.file.read_record(self.ple_table, tok if tok < self.ple_vocab else 0)
-                self.traffic.add(tier, self.ple_table.record_bytes)
-                ple[i] = rec["ple"]
+                heads = ple[i].reshape(len(self.ple_layers), self.ple_reads, -1)  # (L_ple, S, dP / S), a view
+                for j, row in enumerate(table_rows[i]):
+                    rec = self.file.read_record(self.ple_table, int(row))
+                    self.traffic.add(tier, self.ple_table.record_bytes)
+                    heads[:, j] = rec["ple"].reshape(len(self.ple_layers), -1)
                 if self.embed_in_record:
                     emb[i] = rec["embed"]
                     continue
@@ -329,7 +354,7 @@ class EdgeModel:
             raise EdgeRuntimeError(f"KV cache full: {start} + {T} tokens > capacity {cache.capacity}")
         for p in range(start, start + T):
             self._count_token(p)
-        x, raw = self._rows(ids)
+        x, raw = self._rows(ids, cache)
         if self.cfg["embed_scale"]:
             x = x * np.float32(math.sqrt(self.H))
         ple = self._per_layer_inputs(raw, x) if raw is not None else None

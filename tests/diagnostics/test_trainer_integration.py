@@ -7,27 +7,20 @@ import json
 
 import pytest
 import torch
+from diagnostic_helpers import byte_corpus
 
 from plelab.cli import diagnose as cli
 
 trainer_mod = pytest.importorskip("plelab.training.trainer")
-from plelab.data.prepare import prepare_dataset  # noqa: E402
-from plelab.data.tokenizer import Tokenizer  # noqa: E402
 from plelab.training.config import load_train_config  # noqa: E402
 from plelab.training.ple_monitor import PLEMonitor  # noqa: E402
-
-TEXT = "Per-layer embeddings give every layer its own small vector per token. A dead zone changes nothing. "
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A 24-step tiny-preset run with PLEMonitor(every=4), sparse table gradients and held-out domains."""
     root = tmp_path_factory.mktemp("monitored")
-    src = root / "corpus.txt"
-    src.write_text("\n<|endoftext|>\n".join(f"Doc {i}. " + TEXT * (1 + i % 3) for i in range(40)) + "\n")
-    prepare_dataset([src], Tokenizer.byte_level(), root / "data", val_fraction=0.1, progress=False)
-    (root / "valid").mkdir()
-    (root / "valid" / "prose.txt").write_text(TEXT * 4 + "\n")
+    byte_corpus(root)
     cfg = load_train_config({
         "data": str(root / "data"), "eval_data": str(root / "valid"), "batch_size": 4, "seq_len": 32,
         "max_steps": 24, "warmup_steps": 2, "log_every": 8, "ckpt_every": 8, "eval_tokens": 128, "lr": 1e-2,

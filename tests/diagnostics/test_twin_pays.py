@@ -8,16 +8,13 @@ import json
 
 import pytest
 import torch
+from diagnostic_helpers import byte_corpus
 
 from plelab.cli.main import main
-from plelab.data.prepare import prepare_dataset
-from plelab.data.tokenizer import Tokenizer
 from plelab.diagnostics.diagnose_run import diagnose_run
 from plelab.diagnostics.twin import TwinError, check_twin, find_twin
 from plelab.training.config import load_train_config
 from plelab.training.trainer import Trainer
-
-TEXT = "Per-layer embeddings give every layer its own small vector per token. A dead zone changes nothing. "
 
 
 def _train(root, name: str, **overrides) -> None:
@@ -38,11 +35,7 @@ def runs(tmp_path_factory):
     """ple (dP 16) and its twin base (dP 0), plus other_seed (dP 0, another seed: not a twin), on byte text."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("twins")
-    src = root / "corpus.txt"
-    src.write_text("\n<|endoftext|>\n".join(f"Doc {i}. " + TEXT * (1 + i % 3) for i in range(40)) + "\n")
-    prepare_dataset([src], Tokenizer.byte_level(), root / "data", val_fraction=0.1, progress=False)
-    (root / "valid").mkdir()
-    (root / "valid" / "prose.txt").write_text(TEXT * 30 + "\n")
+    byte_corpus(root, valid_repeats=30)
     _train(root, "sweep/ple")
     _train(root, "sweep/base", **{"model.ple.dim": 0})
     _train(root, "elsewhere/other_seed", seed=8, **{"model.ple.dim": 0})

@@ -110,6 +110,9 @@ EXPORTABLE = [
     ["ple.vocab_size=100", "ple.gate=scalar", "ple.output_norm=false"],
     ["ffn.kind=moe", "ffn.num_experts=3", "ffn.top_k=2", "ffn.expert_size=24"],
     ["ffn.kind=moe", "ffn.top_k=1", "ffn.shared_expert=true"], ["ffn.kind=pruned", "ffn.prune_to=40"],
+    # n-gram tables: S rows per token, each with its own scales
+    ["ple.index=ngram", "ple.ngram.orders=[2,3]", "ple.ngram.heads=2"],
+    ["ple.index=ngram", "ple.ngram.orders=[1,2,3,4]", "ple.ngram.heads=1", "ple.gate=scalar", "ple.context=false"],
 ]
 
 

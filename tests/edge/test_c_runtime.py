@@ -99,8 +99,9 @@ def test_mmap_storage_gives_the_same_tokens_with_a_smaller_arena(plerun, export_
     assert mapped["arena_bytes"] < read["arena_bytes"]
 
 
-def test_traffic_per_tier_equals_the_planner(plerun, export_tmp):
-    path = export_tmp(lively_model(), quant="int4", group=32)
+def check_traffic_is_the_planners(plerun: Path, path: Path) -> dict:
+    """plerun's bytes and reads per token and tier equal `plelab place`'s on the esp32-s3 and desktop profiles; the
+    desktop run's traffic."""
     with PleFile(path, verify="none") as f:
         layout = f.layout
     steps = 63  # KV reads average over positions 1..63: the planner's figure at context 32
@@ -111,7 +112,12 @@ def test_traffic_per_tier_equals_the_planner(plerun, export_tmp):
         for tier, t in r["traffic"].items():
             assert t["bytes_per_token"] == pytest.approx(want["bytes_per_token"][tier], rel=1e-9), tier
             assert t["reads_per_token"] == pytest.approx(want["reads_per_token"][tier], rel=1e-9), tier
-    assert r["traffic"]["nvme"]["reads_per_token"] == 1  # one PLE record read per token
+    return r["traffic"]
+
+
+def test_traffic_per_tier_equals_the_planner(plerun, export_tmp):
+    traffic = check_traffic_is_the_planners(plerun, export_tmp(lively_model(), quant="int4", group=32))
+    assert traffic["nvme"]["reads_per_token"] == 1  # one PLE record read per token
 
 
 def test_peak_ram_is_the_planners_sram_plus_psram_and_scratch(plerun, export_tmp):
@@ -166,12 +172,13 @@ def test_another_format_version_fails_loudly(plerun, export_tmp, tmp_path):
     good = export_tmp(lively_model(), quant="int4", group=32)
     raw = good.read_bytes()
     fields = fmt.HEADER.unpack(raw[: fmt.HEADER.size])
-    for version in (1, 3):
+    for version in (1, 4):
         bad = tmp_path / f"v{version}.ple"
         bad.write_bytes(fmt._pack_header(fields[3], fields[4], fields[5], fields[6], version=version) + raw[64:])
-        assert f"format version {version} is not supported" in c_error(plerun, bad, "--ids", "1")
-    with pytest.raises(fmt.PleFormatError, match="version 3 is not supported"):
-        PleFile(tmp_path / "v3.ple")
+        assert f"format version {version} is not supported (the C runtime reads versions 2 and 3)" in c_error(
+            plerun, bad, "--ids", "1")
+    with pytest.raises(fmt.PleFormatError, match="version 4 is not supported"):
+        PleFile(tmp_path / "v4.ple")
 
 
 def test_numpy_runtime_still_reads_version_1_files(export_tmp, tmp_path):

@@ -124,8 +124,8 @@ def test_wrong_magic_and_wrong_version(good):
         PleFile(_patched(good, 0, b"GGUF"))
     head = good.read_bytes()[: fmt.HEADER.size]
     fields = list(fmt.HEADER.unpack(head))
-    repacked = fmt._pack_header(fields[3], fields[4], fields[5], fields[6], version=3)  # valid crc, future version
-    with pytest.raises(PleFormatError, match="version 3 is not supported"):
+    repacked = fmt._pack_header(fields[3], fields[4], fields[5], fields[6], version=4)  # valid crc, future version
+    with pytest.raises(PleFormatError, match="version 4 is not supported"):
         PleFile(_patched(good, 0, repacked))
 
 

@@ -136,13 +136,15 @@ def test_bare_metal_greedy_ids_equal_the_host_engine_with_the_plans_arena(name, 
                 assert want_ram["psram"] > 0 and r["tiers"]["psram"]["arena"] >= want_ram["psram"]
 
 
-# every encoding and FFN kind, a paged table, an untied head: the token path's other branches
+# every encoding and FFN kind, a paged table, an untied head, an n-gram table (its hash): the token path's other
+# branches
 HELPER_VARIANTS = {
     "fp32": ([], {"quant": "fp32"}),
     "fp16_lowrank": (["ffn.kind=lowrank", "ffn.rank=8"], {"quant": "fp16"}),
     "int8_moe_untied": (["ffn.kind=moe", "ffn.num_experts=4", "ffn.top_k=2", "tie_embeddings=false"],
                         {"quant": "int8", "group": 32}),
     "int4_paged": ([], {"quant": "int4", "group": 32, "page": 512}),
+    "int4_ngram": (["ple.index=ngram", "ple.ngram.orders=[2,3]", "ple.ngram.heads=2"], {"quant": "int4", "group": 32}),
 }
 
 

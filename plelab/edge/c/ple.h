@@ -1,4 +1,4 @@
-/* plelab C runtime: read a .ple file (format version 2, docs/ple-format.md) and run its model.
+/* plelab C runtime: read a .ple file (format versions 2 and 3, docs/ple-format.md) and run its model.
  *
  * C99 + libm. Little-endian hosts only (x86, ARM, Xtensa, RISC-V as configured by ESP-IDF): weights are
  * used in place, as stored. Every allocation happens in ple_open (one arena sized from the header); the
@@ -39,7 +39,30 @@ enum { PLE_FP32, PLE_FP16, PLE_INT8, PLE_INT4, PLE_U1, PLE_NDTYPES };
 enum { PLE_SWIGLU, PLE_MGLU, PLE_LOWRANK, PLE_MOE };
 enum { PLE_GATE_INPUT, PLE_GATE_SCALAR, PLE_GATE_VECTOR };
 enum { PLE_TIE = 1, PLE_EMBED_SCALE = 2, PLE_CONTEXT = 4, PLE_OUTPUT_NORM = 8, PLE_SHARED_EXPERT = 16 };
+enum { PLE_INDEX_TOKEN, PLE_INDEX_NGRAM }; /* which PLE table rows a position reads (format version 3) */
 #define PLE_MAX_EXPERTS 256
+
+/* ---- the n-gram index (docs/ngram-ple.md): S = orders x heads rows per position, chosen by hashing ------ */
+
+#define PLE_NGRAM_MAX_ORDER 8
+#define PLE_NGRAM_MAX_HEADS 255 /* per order */
+#define PLE_NGRAM_PAD 0xFFFFFFFFu /* the id before the sequence starts */
+
+typedef struct {
+    uint32_t n_orders, heads, seed;
+    uint32_t id_map;                        /* entries of the `idmap` section: 0 (ids hashed as they are) or vocab */
+    uint32_t orders[PLE_NGRAM_MAX_ORDER];  /* ascending */
+    uint32_t rows[PLE_NGRAM_MAX_ORDER];    /* rows of each head of that order */
+} ple_ngram;
+
+uint32_t ple_fmix32(uint32_t h);                                                          /* MurmurHash3's */
+uint32_t ple_ngram_multiplier(uint32_t seed, uint32_t order, uint32_t head, uint32_t i);  /* m(n, k, i) */
+uint32_t ple_ngram_heads(const ple_ngram *g);     /* S */
+uint32_t ple_ngram_max_order(const ple_ngram *g);
+/* Every head's multipliers, PLE_NGRAM_MAX_ORDER per head (zero past its order), heads in table order. */
+void ple_ngram_multipliers(const ple_ngram *g, uint32_t *mult);
+/* The S table rows of one position: hist[i] = x[t - i] for i < max order (PLE_NGRAM_PAD before the start). */
+void ple_ngram_rows(const ple_ngram *g, const uint32_t *mult, const uint32_t *hist, uint64_t *rows);
 
 /* ---- storage: where the file's bytes come from (file/pread, mmap, memory, ESP-IDF partition) ---------- */
 
@@ -87,6 +110,8 @@ typedef struct {
     uint32_t hidden, layers, heads, kv_heads, head_dim, vocab, max_seq, ffn_kind, inter, mask_count, rank;
     uint32_t experts, top_k;
     uint32_t ple_dim, ple_vocab, n_ple_layers, gate, flags, n_tensors, n_tables;
+    uint32_t ple_index; /* PLE_INDEX_TOKEN (ple_vocab: rows, one per id) or PLE_INDEX_NGRAM (ple_vocab: all heads' rows) */
+    ple_ngram *ngram;   /* the n-gram index (PLE_INDEX_NGRAM), else NULL; allocated, as the two below */
     float eps, theta;
     uint32_t *ple_layers; /* n_ple_layers sorted indices */
     ple_tensor *tensors;
@@ -94,10 +119,11 @@ typedef struct {
 } ple_desc;
 
 /* Read and validate header, section table and model description (checksums of meta + model included).
- * Allocates desc->ple_layers and desc->tensors (free with ple_desc_free). 0 or -1 with err set. */
+ * Allocates desc->ple_layers, desc->tensors and desc->ngram (free with ple_desc_free). 0 or -1 with err set. */
 int ple_read_desc(ple_storage *st, ple_desc *desc, char *err);
 void ple_desc_free(ple_desc *desc);
-/* SHA-256 of every other section and the body CRC-32 (tables and their padding skipped unless tables). */
+/* SHA-256 of every other section and the body CRC-32 (the row tables, the id map, the tokenizer and their padding
+ * skipped unless tables). */
 int ple_verify(ple_storage *st, const ple_desc *desc, int tables, char *err);
 const ple_section *ple_find_section(const ple_desc *d, const char *name);
 const ple_table *ple_find_table(const ple_desc *d, const char *name);

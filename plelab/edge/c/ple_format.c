@@ -203,8 +203,8 @@ static int read_header(ple_storage *st, ple_desc *d, char *err) {
         return ple_fail(err, "not a .ple file (only %llu bytes)", (unsigned long long)st->size);
     if (memcmp(h, MAGIC, 8)) return ple_fail(err, "not a .ple file (bad magic)");
     d->version = rd32(h + 8);
-    if (d->version != 2)
-        return ple_fail(err, "format version %" PRIu32 " is not supported (the C runtime reads version 2); "
+    if (d->version != 2 && d->version != 3)
+        return ple_fail(err, "format version %" PRIu32 " is not supported (the C runtime reads versions 2 and 3); "
                          "re-export the model with this plelab", d->version);
     if (ple_crc32(0, h, 60) != rd32(h + 60) || rd32(h + 12) != HEADER_BYTES)
         return ple_fail(err, "header is corrupt (crc32 mismatch)");
@@ -322,6 +322,48 @@ static int parse_tables(ple_desc *d, const uint8_t *p, const uint8_t *end, char 
     return 0;
 }
 
+/* The n-gram block (version 3, after the PLE layers): orders N, heads per order, hash seed, id-map entries, then N
+ * orders and N rows per head, padded to 8 bytes. Its heads must be exactly the PLE table's rows and divide dP; the
+ * id map, when there is one, is a section of one uint32 per token id (any values: they are only hashed). */
+static int parse_ngram(ple_desc *d, const uint8_t **at, const uint8_t *end, char *err) {
+    const uint8_t *p = *at;
+    if (end - p < 16) return ple_fail(err, "model description is truncated (n-gram index)");
+    ple_ngram *g = d->ngram = calloc(1, sizeof *g);
+    if (!g) return ple_fail(err, "out of memory");
+    g->n_orders = rd32(p);
+    g->heads = rd32(p + 4);
+    g->seed = rd32(p + 8);
+    g->id_map = rd32(p + 12);
+    if (!d->n_ple_layers || g->n_orders == 0 || g->n_orders > PLE_NGRAM_MAX_ORDER || g->heads == 0 ||
+        g->heads > PLE_NGRAM_MAX_HEADS)
+        return ple_fail(err, "model description: the n-gram index has %" PRIu32 " orders of %" PRIu32 " hash heads "
+                        "(1-8 orders of 1-255 heads, on a model with PLE)", g->n_orders, g->heads);
+    uint64_t padded = (16 + 8 * (uint64_t)g->n_orders + 7) / 8 * 8, rows = 0;
+    if ((uint64_t)(end - p) < padded) return ple_fail(err, "model description is truncated (n-gram index)");
+    for (uint32_t o = 0; o < g->n_orders; o++) {
+        g->orders[o] = rd32(p + 16 + 4 * o);
+        g->rows[o] = rd32(p + 16 + 4 * (g->n_orders + o));
+        if (g->orders[o] == 0 || g->orders[o] > PLE_NGRAM_MAX_ORDER || (o && g->orders[o] <= g->orders[o - 1]) ||
+            g->rows[o] < 2)
+            return ple_fail(err, "model description: n-gram order %" PRIu32 " (%" PRIu32 " rows per head) is invalid: "
+                            "orders ascend in 1-8, heads have 2 rows or more", g->orders[o], g->rows[o]);
+        rows += (uint64_t)g->rows[o] * g->heads;
+    }
+    uint32_t S = ple_ngram_heads(g);
+    if (rows != d->ple_vocab || d->ple_dim % S)
+        return ple_fail(err, "model description: the n-gram heads' %llu rows and %" PRIu32 " heads do not fit a PLE "
+                        "table of %" PRIu32 " rows and dP %" PRIu32, (unsigned long long)rows, S, d->ple_vocab,
+                        d->ple_dim);
+    const ple_section *ids = ple_find_section(d, "idmap");
+    if ((g->id_map && g->id_map != d->vocab) || (g->id_map != 0) != (ids != NULL) ||
+        (ids && ids->nbytes != 4 * (uint64_t)d->vocab))
+        return ple_fail(err, "model description: the id map (%" PRIu32 " entries, section of %llu bytes) is not one "
+                        "uint32 per token id of %" PRIu32, g->id_map, ids ? (unsigned long long)ids->nbytes : 0ull,
+                        d->vocab);
+    *at = p + padded;
+    return 0;
+}
+
 static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
     const uint8_t *end = p + n;
     if (n < MODEL_HEAD || memcmp(p, "PLEM", 4) || rd32(p + 4) != MODEL_HEAD)
@@ -331,6 +373,7 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
                           &d->n_ple_layers, &d->gate, &d->flags, &d->n_tensors, &d->n_tables};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = rd32(p + 8 + 4 * i);
     uint32_t n_strings = rd32(p + 80);
+    d->ple_index = rd32(p + 84); /* zero in version 2 */
     double eps = rdf64(p + 88), theta = rdf64(p + 96);
     p += MODEL_HEAD;
     if (d->n_tensors == 0) /* `plelab export --hf`: a foreign checkpoint's PLE table alone, for planning */
@@ -370,6 +413,10 @@ static int parse_model(ple_desc *d, const uint8_t *p, uint64_t n, char *err) {
             return ple_fail(err, "model description: PLE layer list is invalid");
     }
     p += 4 * nl;
+    if (d->ple_index > PLE_INDEX_NGRAM || (d->ple_index && d->version < 3))
+        return ple_fail(err, "model description: PLE index %" PRIu32 " is unknown to format version %" PRIu32,
+                        d->ple_index, d->version);
+    if (d->ple_index == PLE_INDEX_NGRAM && parse_ngram(d, &p, end, err)) return -1;
     /* name suffixes: NUL-terminated strings, the block ending with a NUL so every offset reads a terminated one */
     uint64_t strings_padded = ((uint64_t)n_strings + 7) / 8 * 8;
     if (n_strings == 0 || n_strings > 65536 || strings_padded > (uint64_t)(end - p) || p[n_strings - 1] != 0)
@@ -450,8 +497,10 @@ int ple_read_desc(ple_storage *st, ple_desc *d, char *err) {
 void ple_desc_free(ple_desc *d) {
     free(d->ple_layers);
     free(d->tensors);
+    free(d->ngram);
     d->ple_layers = NULL;
     d->tensors = NULL;
+    d->ngram = NULL;
 }
 
 int ple_verify(ple_storage *st, const ple_desc *d, int tables, char *err) {
@@ -461,7 +510,7 @@ int ple_verify(ple_storage *st, const ple_desc *d, int tables, char *err) {
     uint64_t pos = HEADER_BYTES + (uint64_t)SECTION_BYTES * d->n_sections;
     for (uint32_t i = 0; i < d->n_sections; i++) {
         const ple_section *s = &d->sections[i];
-        int is_table = ple_find_table(d, s->name) != NULL || !strcmp(s->name, "tokenizer");
+        int is_table = ple_find_table(d, s->name) != NULL || !strcmp(s->name, "idmap") || !strcmp(s->name, "tokenizer");
         if (is_table && !tables) continue;
         if (tables) /* the padding before this section is covered by the body crc */
             for (uint64_t off = pos; off < s->offset; off += CHUNK) {

@@ -56,7 +56,14 @@ struct ple_model {
     qmat final_norm, head, ctx_proj, ctx_norm;
     const ple_table *ple_t, *embed_t;
     const ple_part *ple_p, *embed_in_ple, *embed_p;
-    int head_tier, ple_tier, embed_tier, kv_tier;
+    int head_tier, ple_tier, embed_tier, kv_tier, id_map_tier;
+    /* the PLE records a position reads (ple_reads of them: 1, or an n-gram index's S) and their rows; an n-gram
+     * index's multipliers (PLE_NGRAM_MAX_ORDER a head), the ids hashed at the last positions (a ring indexed by
+     * position) and its id map's section (NULL: ids hashed as they are) */
+    uint32_t ple_reads;
+    uint64_t *ple_rows;
+    uint32_t *hash_mult, hashed[PLE_NGRAM_MAX_ORDER];
+    const ple_section *id_map;
     uint8_t *arena_raw, *arena, *rec_ple, *rec_embed;
     uint8_t *cursor[PLE_MAX_TIERS]; /* next free byte of each tier's region (of the one arena: cursor[0]) */
     int work_tier;                  /* where the working buffers are */
@@ -468,12 +475,16 @@ static int check_tables(ple_model *m, char *err) {
     for (uint32_t i = 0; i < d->n_tables; i++)
         if (&d->tables[i] != m->ple_t && &d->tables[i] != m->embed_t)
             return ple_fail(err, "unknown row table '%s'", d->tables[i].name);
+    m->ple_reads = d->ple_index == PLE_INDEX_NGRAM ? ple_ngram_heads(d->ngram) : 1;
+    m->id_map = d->ple_index == PLE_INDEX_NGRAM && d->ngram->id_map ? ple_find_section(d, "idmap") : NULL;
     if (d->n_ple_layers) {
         if (!m->ple_t || m->ple_t->rows != d->ple_vocab) return ple_fail(err, "the file lacks the PLE table this model needs");
         m->ple_p = ple_find_part(m->ple_t, "ple");
-        if (check_part(m->ple_t, m->ple_p, d->n_ple_layers * d->ple_dim, err)) return -1;
+        /* a row: every PLE layer's slice of one head (of the one head of a token table: all of dP) */
+        if (check_part(m->ple_t, m->ple_p, d->n_ple_layers * (d->ple_dim / m->ple_reads), err)) return -1;
         m->embed_in_ple = ple_find_part(m->ple_t, "embed");
-        if (m->embed_in_ple && (check_part(m->ple_t, m->embed_in_ple, d->hidden, err) || m->ple_t->rows != d->vocab))
+        if (m->embed_in_ple && (check_part(m->ple_t, m->embed_in_ple, d->hidden, err) || m->ple_t->rows != d->vocab ||
+                                d->ple_index != PLE_INDEX_TOKEN))
             return ple_fail(err, "PLE records carry an embedding row but not one per token id");
     } else if (m->ple_t) {
         return ple_fail(err, "the file has a PLE table but the model has no PLE layers");
@@ -502,11 +513,14 @@ static int tier_index(ple_model *m, const char *name, int storage) {
 
 static int place(ple_model *m, uint64_t kv_stored, char *err) {
     const ple_desc *d = &m->d;
-    uint32_t n = d->n_tensors + 3, count = 0;
+    uint32_t n = d->n_tensors + 4, count = 0;
     item *its = calloc(n, sizeof(item));
     if (!its) return ple_fail(err, "out of memory");
-    if (m->ple_t)
-        its[count++] = (item){"table:ple", m->ple_t->section->nbytes, m->ple_t->record_bytes, 1, 0, -1, 1.0};
+    if (m->ple_t) /* ple_reads records a token, in storage */
+        its[count++] = (item){"table:ple", m->ple_t->section->nbytes, (uint64_t)m->ple_reads * m->ple_t->record_bytes,
+                              m->ple_reads, 0, -1, 1.0};
+    if (m->id_map) /* one uint32 a token, in storage */
+        its[count++] = (item){"idmap", m->id_map->nbytes, 4, 1, 0, -1, 1.0};
     if (m->embed_t) {
         uint64_t row = m->embed_in_ple ? 0 : m->embed_t->record_bytes, nb = m->embed_t->section->nbytes;
         its[count++] = (d->flags & PLE_TIE) ? (item){"table:embed", nb, nb + row, 1 + (row > 0), 1, -1, 1.0}
@@ -606,6 +620,7 @@ static int place(ple_model *m, uint64_t kv_stored, char *err) {
         if (it->resident) m->placed[it->tier] += it->stored;
         if (t < d->n_tensors && !strcmp(it->name, d->tensors[t].name)) m->tensor_tier[t++] = it->tier;
         if (!strcmp(it->name, "table:ple")) m->ple_tier = it->tier;
+        else if (!strcmp(it->name, "idmap")) m->id_map_tier = it->tier;
         else if (!strcmp(it->name, "table:embed")) m->embed_tier = it->tier;
         else if (!strcmp(it->name, "kv_cache")) m->kv_tier = it->tier;
         else {
@@ -657,6 +672,9 @@ static uint64_t work_bytes(const ple_model *m) {
                  up64(6 * (uint64_t)d->head_dim) + /* rope: inverse frequencies, this position's cos and sin */
                  (m->opt.int8_act ? up64(ple_kact_bytes(m->maxdim)) : 0) +
                  (m->ple_t ? up64(m->ple_t->record_bytes) : 0) + (m->embed_t ? up64(m->embed_t->record_bytes) : 0);
+    if (m->ple_t) /* the rows a position reads; an n-gram index's multipliers */
+        n += up64(8 * (uint64_t)m->ple_reads) +
+             (d->ple_index == PLE_INDEX_NGRAM ? up64(4 * (uint64_t)m->ple_reads * PLE_NGRAM_MAX_ORDER) : 0);
     if (m->opt.head_skip) /* the head's mean row, block keys, row order */
         n += up64(4 * (uint64_t)d->hidden) + up64(4 * (((uint64_t)d->vocab + HEAD_BLOCK - 1) / HEAD_BLOCK)) +
              up64(4 * (uint64_t)d->vocab);
@@ -862,6 +880,13 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
     if (m->ple_t) {
         m->rec_ple = p;
         p += up64(m->ple_t->record_bytes);
+        m->ple_rows = (uint64_t *)(void *)p;
+        p += up64(8 * (uint64_t)m->ple_reads);
+        if (d->ple_index == PLE_INDEX_NGRAM) {
+            m->hash_mult = (uint32_t *)(void *)p;
+            p += up64(4 * (uint64_t)m->ple_reads * PLE_NGRAM_MAX_ORDER);
+            ple_ngram_multipliers(d->ngram, m->hash_mult);
+        }
     }
     if (m->embed_t) m->rec_embed = p;
     if (opt->head_skip) head_index(m);
@@ -1082,16 +1107,47 @@ static void inject(ple_model *m, const layer_w *l) {
     for (uint32_t i = 0; i < d->hidden; i++) m->x[i] += m->h3[i];
 }
 
-/* Input row and PLE inputs of `token`: one record read per table (none for a resident tied head). */
-static int inputs(ple_model *m, uint32_t token) {
+/* The PLE table rows `token` reads at `pos` (into ple_rows): its own (row 0 past a token table), or one per hash
+ * head of the n-grams that end at pos, the ids before it from the ring the calls for the earlier positions filled
+ * (with an id map, the token's compressed id: one 4-byte read). 0, or -1 on a failed read. */
+static int table_rows(ple_model *m, uint32_t token, uint32_t pos) {
+    const ple_desc *d = &m->d;
+    if (d->ple_index != PLE_INDEX_NGRAM) {
+        m->ple_rows[0] = token < d->ple_vocab ? token : 0;
+        return 0;
+    }
+    uint32_t id = token, hist[PLE_NGRAM_MAX_ORDER];
+    if (m->id_map) {
+        uint8_t b[4];
+        if (m->st->read(m->st, m->id_map->offset + 4 * (uint64_t)token, b, 4)) return -1;
+        id = b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        tally(m, m->id_map_tier, 4, 1);
+    }
+    m->hashed[pos % PLE_NGRAM_MAX_ORDER] = id;
+    for (uint32_t i = 0; i < PLE_NGRAM_MAX_ORDER; i++)
+        hist[i] = i <= pos ? m->hashed[(pos - i) % PLE_NGRAM_MAX_ORDER] : PLE_NGRAM_PAD;
+    ple_ngram_rows(d->ngram, m->hash_mult, hist, m->ple_rows);
+    return 0;
+}
+
+/* Input row and PLE inputs of `token` at `pos`: one record read per table (none for a resident tied head), an
+ * n-gram table's S. Each of its records holds one head's slice of every PLE layer: layer l's values are the
+ * heads' slices l side by side. */
+static int inputs(ple_model *m, uint32_t token, uint32_t pos) {
     const ple_desc *d = &m->d;
     const uint8_t *rec = NULL;
     if (m->ple_t) {
-        rec = ple_read_record(m, m->ple_t, token < d->ple_vocab ? token : 0);
-        if (!rec) return -1;
-        qmat part = {m->ple_p->dtype, m->ple_p->group, 1, m->ple_p->length, rec + m->ple_p->codes,
-                     rec + m->ple_p->scales, NULL, 1, 0};
-        deq_row(&part, 0, m->raw);
+        if (table_rows(m, token, pos)) return -1;
+        uint32_t S = m->ple_reads, w = d->ple_dim / S;
+        for (uint32_t j = 0; j < S; j++) {
+            rec = ple_read_record(m, m->ple_t, (uint32_t)m->ple_rows[j]);
+            if (!rec) return -1;
+            qmat part = {m->ple_p->dtype, m->ple_p->group, 1, m->ple_p->length, rec + m->ple_p->codes,
+                         rec + m->ple_p->scales, NULL, 1, 0};
+            deq_row(&part, 0, S == 1 ? m->raw : m->row);
+            for (uint32_t l = 0; S > 1 && l < d->n_ple_layers; l++)
+                memcpy(m->raw + (uint64_t)l * d->ple_dim + (uint64_t)j * w, m->row + (uint64_t)l * w, 4 * (size_t)w);
+        }
     }
     if (m->embed_in_ple) {
         qmat part = {m->embed_in_ple->dtype, m->embed_in_ple->group, 1, d->hidden, rec + m->embed_in_ple->codes,
@@ -1132,7 +1188,7 @@ static int body(ple_model *m, uint32_t token, uint32_t pos) {
     m->tokens++;
     for (int t = 0; t < m->n_tiers; t++) tally(m, t, m->dense_bytes[t], m->dense_reads[t]);
     tally(m, m->kv_tier, m->kv_pos_bytes * (pos + 1), 2ull * d->layers);
-    if (inputs(m, token)) return -1;
+    if (inputs(m, token, pos)) return -1;
     for (uint32_t i = 0; i < d->head_dim / 2; i++) { /* this position's rotation, shared by every layer */
         float ang = (float)pos * m->rope_inv[i];
         m->rope_cos[i] = cosf(ang);

@@ -1,7 +1,9 @@
 /* Seeded mutations of a valid .ple file, shared by the host fuzzer (plefuzz.c) and the bare-metal harness
  * (mcu/plemcu.c): bit flips, byte sets, truncations, and edits of the size / offset / count fields of the
  * header, section table and model description with every checksum recomputed, so the edit reaches the
- * description checks rather than stopping at a CRC. Header-only (static functions): each program includes it. */
+ * description checks rather than stopping at a CRC; one kind edits only the description's head, its PLE layer list
+ * and its n-gram index, where a random field of the whole description rarely lands. Header-only (static
+ * functions): each program includes it. */
 #ifndef PLE_MUTATE_H
 #define PLE_MUTATE_H
 
@@ -10,10 +12,10 @@
 #include "ple.h"
 
 enum { PLE_MUT_BIT_FLIPS, PLE_MUT_BYTE_SETS, PLE_MUT_TRUNCATION, PLE_MUT_MODEL_FIELD, PLE_MUT_HEADER_FIELD,
-       PLE_MUT_MODEL_BIT_FLIPS, PLE_MUT_KINDS };
+       PLE_MUT_MODEL_BIT_FLIPS, PLE_MUT_HEAD_FIELD, PLE_MUT_KINDS };
 
 static const char *const PLE_MUT_NAMES[PLE_MUT_KINDS] = {"bit_flips", "byte_sets", "truncations", "model_fields",
-                                                         "header_fields", "model_bit_flips"};
+                                                         "header_fields", "model_bit_flips", "head_fields"};
 
 typedef struct { uint64_t s; } ple_rng;
 
@@ -54,6 +56,15 @@ static const uint32_t PLE_MUT_INTERESTING[] = {0, 1, 2, 3, 7, 8, 15, 16, 63, 64,
                                                65535, 65536, 0x7fffffff, 0x80000000u, 0xfffffffeu, 0xffffffffu,
                                                1u << 24, 1u << 20};
 
+/* Bytes of the model description's head (104), its PLE layer list and, with an n-gram index (version 3), its
+ * n-gram block: the fields that say what the model is (docs/ple-format.md section 4b). */
+static inline uint64_t ple_mut_head_bytes(const uint8_t *model, uint64_t len) {
+    if (len < 104) return len;
+    uint64_t n = 104 + (4 * (uint64_t)ple_mut_get32(model + 60) + 7) / 8 * 8;
+    if (ple_mut_get32(model + 84) == 1 && n + 4 <= len) n += (16 + 8 * (uint64_t)ple_mut_get32(model + n) + 7) / 8 * 8;
+    return n < len ? n : len;
+}
+
 /* Overwrite work with a mutation of the n-byte file orig (model description at model_off, model_len bytes);
  * returns the mutated length. *kind: which mutation; *verify: whether the case should verify checksums (the
  * field edits recompute them, so verifying would only re-check them; one other case in 8 verifies). */
@@ -76,11 +87,15 @@ static inline size_t ple_mutate(ple_rng *r, uint8_t *work, const uint8_t *orig, 
         len = (size_t)(ple_rng_next(r) % n);
         break;
     case PLE_MUT_MODEL_FIELD:
+    case PLE_MUT_HEAD_FIELD:
     case PLE_MUT_HEADER_FIELD: {
-        uint64_t off = *kind == PLE_MUT_MODEL_FIELD
-                           ? model_off + 4 * (ple_rng_next(r) % (model_len / 4))
-                           : (ple_rng_next(r) % 2 ? 16 + 8 * (ple_rng_next(r) % 2)
-                                                  : 64 + 64 * (ple_rng_next(r) % 4) + 16 + 8 * (ple_rng_next(r) % 2));
+        /* a u32 of the description (of its head part for HEAD_FIELD: the whole when it is shorter than 4 bytes),
+         * or a size / offset field of the header or the section table */
+        uint64_t span = *kind == PLE_MUT_HEAD_FIELD ? ple_mut_head_bytes(orig + model_off, model_len) : model_len;
+        uint64_t off = *kind != PLE_MUT_HEADER_FIELD ? model_off + 4 * (ple_rng_next(r) % (span / 4 ? span / 4 : 1))
+                                                     : (ple_rng_next(r) % 2 ? 16 + 8 * (ple_rng_next(r) % 2)
+                                                                            : 64 + 64 * (ple_rng_next(r) % 4) + 16 +
+                                                                                  8 * (ple_rng_next(r) % 2));
         if (off + 4 > n) break;
         uint32_t old = ple_mut_get32(work + off), v;
         switch (ple_rng_next(r) % 4) {
