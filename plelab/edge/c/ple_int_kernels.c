@@ -434,7 +434,12 @@ static uint32_t kdense_i4(float *out, const uint8_t *codes, const uint8_t *scale
                 uint32_t take = group - used < cols - x0 ? group - used : cols - x0;
                 int32_t isum = 0;
                 for (uint32_t m = take / (8 * RV_CHUNK); m; m--, hk += 4) isum += *hk;
+#ifdef PLE_SOFT_FLOAT /* no float add for a row's first segment: 0 + v is v */
+                float v = PLE_SCALED(isum, scales + 2 * g);
+                sum = x0 ? sum + v : ple_add0(v);
+#else
                 sum += PLE_SCALED(isum, scales + 2 * g);
+#endif
                 x0 += take, used += take;
                 if (used == group) used = 0, g++;
             }
