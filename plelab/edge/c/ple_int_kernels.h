@@ -108,8 +108,9 @@ static inline float ple_f16(const uint8_t *p) {
  * exactly as IEEE single precision rounds them (to nearest, ties to even), so every build gives the same bits.
  * libgcc's generic __mulsf3 takes about 100 instructions a call and __floatsisf 40, and the head makes two and one a
  * row; these take about 35 and 30 for the numbers the products meet, and hand anything else (zeros, subnormals,
- * infinities, NaN, sums of 2^17 or more) to the compiler's own. PLE_SCALED / PLE_FMUL are plain float arithmetic
- * elsewhere, so builds with an FPU keep their fused multiply-adds. */
+ * infinities, NaN, sums of 2^17 or more) to the compiler's own. The model's own hot products (norms, activations,
+ * attention) use PLE_FMUL and PLE_I2F too. PLE_SCALED / PLE_FMUL / PLE_I2F are plain float arithmetic elsewhere, so
+ * builds with an FPU keep their fused multiply-adds. */
 #if (defined(__riscv) && !defined(__riscv_flen)) || defined(__SOFTFP__)
 #define PLE_SOFT_FLOAT 1
 static inline uint32_t ple_fbits(float f) {
@@ -189,6 +190,14 @@ static inline float ple_fmul(float a, float b) {
     return ple_bitsf(((x ^ y) & 0x80000000u) | (uint32_t)exp << 23 | (mant & 0x7fffffu));
 }
 
+/* (float)v for |v| < 2^24 (exact): the bits put together, without __floatsisf's call. */
+static inline float ple_i2f(int32_t v) {
+    if (!v) return 0.0f;
+    uint32_t av = v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
+    int top = ple_log2(av);
+    return ple_bitsf((v < 0 ? 0x80000000u : 0u) | (uint32_t)(top + 127) << 23 | ((av << (23 - top)) & 0x7fffffu));
+}
+
 /* 0.0f + v without the float add: v, but +0 for -0 (and the add itself for infinities and NaN). */
 static inline float ple_add0(float v) {
     uint32_t u = ple_fbits(v);
@@ -211,9 +220,11 @@ static inline __attribute__((always_inline)) float ple_scaled_x(int32_t isum, co
 #define PLE_SCALED(isum, p) ple_scaled(isum, p)
 #define PLE_FMUL(a, b) ple_fmul(a, b)
 #define PLE_SCALED_X(isum, p, xs) ple_scaled_x(isum, p, xs)
+#define PLE_I2F(v) ple_i2f(v)
 #else
 #define PLE_SCALED(isum, p) ((float)(isum) * ple_f16(p))
 #define PLE_FMUL(a, b) ((a) * (b))
+#define PLE_I2F(v) ((float)(v)) /* v: |v| < 2^24 */
 /* A row of one group: (float)isum * its fp16 scale * the activation's scale xs, each product rounded. */
 #define PLE_SCALED_X(isum, p, xs) PLE_FMUL(PLE_SCALED(isum, p), xs)
 #endif

@@ -93,6 +93,7 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
     memset(out, 0, sizeof *out);
     out->digest = 2166136261u;
     check_f16(out, cases);
+    for (int32_t v = -(1 << 17); v <= 1 << 17; v++) check(out, cases, PLE_I2F(v), (float)v); /* the model's (float)v */
     for (uint32_t c = 0; c < cases; c++) {
         int dtype = rng(&s) & 1 ? PLE_INT4 : PLE_INT8;
         uint32_t group, n, e0;
