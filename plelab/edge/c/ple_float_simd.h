@@ -46,13 +46,13 @@ static inline int nib(uint8_t b, int high) { return ((high ? b >> 4 : b & 15) ^ 
  * plain C99 loops. Define PLE_SCALAR to force those. */
 static float dot_f32_scalar(const float *w, const float *x, size_t n) {
     float s = 0;
-    for (size_t i = 0; i < n; i++) s += w[i] * x[i];
+    for (size_t i = 0; i < n; i++) s += PLE_FMUL(w[i], x[i]);
     return s;
 }
 
 static float dot_i8_scalar(const int8_t *c, const float *x, size_t n) {
     float s = 0;
-    for (size_t i = 0; i < n; i++) s += (float)c[i] * x[i];
+    for (size_t i = 0; i < n; i++) s += PLE_FMUL(PLE_I2F(c[i]), x[i]);
     return s;
 }
 

@@ -58,22 +58,26 @@ static int32_t kseg_i8(const int8_t *w, const ple_kact *a, uint32_t x0, uint32_t
  * half. Sixteen products are summed before that half is read: their low halves add up to at most 8 * 15 * 127 =
  * 15,240 in magnitude and the high halves to 16 * 1,905 = 30,480, so with 2^15 added first, (sum >> 16) is the high
  * half exactly. The sum of u_i q_i is sum(code_i q_i) + 8 sum(q_i); per-8-value prefix sums of q take the second
- * term off. The head's rows (rv_head4) start their sums at 2^15 - 8 sum(q) * 2^16 instead, so the high half holds
- * code * q itself, at most 8 * 127 = 1,016 a product, and 32 products go between reads.
+ * term off. The head's rows (rv_rows4_total) start their sums at 2^15 - 8 sum(q) * 2^16 instead, so the high half
+ * holds code * q itself, at most 8 * 127 = 1,016 a product, and 32 products go between reads.
  *
  * Words are read aligned (RISC-V cores may trap on a misaligned one, or take many cycles). A run whose codes start two
  * bytes into a word reads from the aligned word before, against a second layout of the activation shifted by four
- * values (X4, four zero values first): the four codes outside the run meet zeros there, or are masked off. Runs that
- * start at an odd byte (records of an odd stride) join two aligned words per word. */
+ * values (X4, four zero values first): the four codes outside the run meet zeros there, or are masked off; a head
+ * record there of 32 values or more is read as its n/8 words all the same, its first four codes and its last four
+ * joined into one (rv_rows4_wrap_total). Runs that start at an odd byte (records of an odd stride) join two aligned
+ * words per word. */
 #if PLE_IKERNEL == PLE_KERNEL_RV32
 #define ALIGN_I4 8
 #define ALIGN_I8 1
 #define RV_LANES 0x000F000Fu
 #define RV_BIAS 0x88888888u
-
 /* At a->lay: X0 (four words per 8 values), X4 (the same for the values shifted by four: block j holds values
  * 8j - 4 .. 8j + 3, one block more), PAD16(cap) / 8 + 1 prefix sums P[j] = q[0] + ... + q[8j - 1], and for each of
- * X0 and X4 the start of the sum of each RV_CHUNK words: 2^15 - 8 * (the sum of q over them) * 2^16. */
+ * X0 and X4 the start of the sum of each RV_CHUNK words: 2^15 - 8 * (the sum of q over them) * 2^16. Then for rows
+ * of n = a->n values (a multiple of 8) that start two bytes into a word, read whole (rv_rows4_wrap): the chunk
+ * starts of their words (word 0 the row's first and last four values joined, then X4's blocks 1 .. n/8 - 1) and XW,
+ * the four activation words word 0 meets. */
 #define RV_CHUNK 4 /* words between reads of the high halves when sums start at a chunk value (32 products) */
 static inline const uint32_t *rv_x0(const ple_kact *a) { return (const uint32_t *)a->lay; }
 static inline const uint32_t *rv_x4(const ple_kact *a) { return rv_x0(a) + PAD16(a->cap) / 2; }
@@ -81,32 +85,43 @@ static inline const int32_t *rv_prefix(const ple_kact *a) { return (const int32_
 static inline const uint32_t *rv_chunk(const ple_kact *a, unsigned shift) {
     return (const uint32_t *)(rv_prefix(a) + PAD16(a->cap) / 8 + 1) + (shift ? PAD16(a->cap) / 32 + 2 : 0);
 }
+static inline const uint32_t *rv_chunk_wrap(const ple_kact *a) { return rv_chunk(a, 16) + PAD16(a->cap) / 32 + 2; }
+static inline const uint32_t *rv_xw(const ple_kact *a) { return rv_chunk_wrap(a) + PAD16(a->cap) / 32 + 2; }
+
+static inline uint32_t rv_pair(int32_t low, int32_t high) { return (uint32_t)low + ((uint32_t)high << 16); }
+static inline uint32_t rv_chunk_start(int32_t sum) { return 0x8000u - ((uint32_t)(8 * sum) << 16); }
 
 static void kact_layout(ple_kact *a, int dtype) {
     if (dtype != PLE_INT4) return; /* int8 weights read a->q directly */
-    uint32_t *x0 = (uint32_t *)rv_x0(a), *x4 = (uint32_t *)rv_x4(a), blocks = (uint32_t)PAD16(a->n) / 8;
-    int32_t *prefix = (int32_t *)rv_prefix(a), run = 0;
+    uint32_t *x0 = (uint32_t *)rv_x0(a), *x4 = (uint32_t *)rv_x4(a), blocks = (uint32_t)PAD16(a->n) / 8, n = a->n;
+    uint32_t *c0 = (uint32_t *)rv_chunk(a, 0), *c4 = (uint32_t *)rv_chunk(a, 16);
+    int32_t *prefix = (int32_t *)rv_prefix(a), run = 0, s0 = 0, s4 = 0; /* s0, s4: the sums of X0's, X4's open chunk */
     const int8_t *q = a->q; /* zero from n up to PAD16(n) */
-    for (uint32_t j = 0; j < blocks; j++) { /* X0 block j: q[8j + k + 4] low, q[8j + k] high */
-        for (int k = 0; k < 4; k++) x0[4 * j + k] = (uint32_t)(int32_t)q[8 * j + k + 4] + ((uint32_t)(int32_t)q[8 * j + k] << 16);
+    for (uint32_t j = 0; j < blocks; j++) {
+        const int8_t *b = q + 8 * j;
+        int32_t lo = b[0] + b[1] + b[2] + b[3], hi = b[4] + b[5] + b[6] + b[7];
+        for (int k = 0; k < 4; k++) x0[4 * j + k] = rv_pair(b[k + 4], b[k]);           /* q[8j + k + 4], q[8j + k] */
+        for (int k = 0; k < 4; k++) x4[4 * j + k] = rv_pair(b[k], j ? b[k - 4] : 0); /* q[8j + k], q[8j + k - 4] */
         prefix[j] = run;
-        for (int k = 0; k < 8; k++) run += q[8 * j + k];
+        run += lo + hi;
+        s0 += lo + hi, s4 += lo; /* X4's block j: the high half of block j - 1 (in s4 already), the low half of j */
+        if (j % RV_CHUNK == RV_CHUNK - 1) c0[j / RV_CHUNK] = rv_chunk_start(s0), c4[j / RV_CHUNK] = rv_chunk_start(s4);
+        if (j % RV_CHUNK == RV_CHUNK - 1) s0 = s4 = 0;
+        s4 += hi;
     }
     prefix[blocks] = run;
-    /* X4 block j: q[8j + k] low, q[8j + k - 4] high, zero outside [0, PAD16(n)) */
-    for (int k = 0; k < 4; k++) x4[k] = (uint32_t)(int32_t)q[k];
-    for (uint32_t j = 1; j < blocks; j++)
-        for (int k = 0; k < 4; k++)
-            x4[4 * j + k] = (uint32_t)(int32_t)q[8 * j + k] + ((uint32_t)(int32_t)q[8 * j + k - 4] << 16);
-    for (int k = 0; k < 4; k++) x4[4 * blocks + k] = (uint32_t)(int32_t)q[8 * blocks + k - 4] << 16;
-    for (unsigned shift = 0; shift <= 16; shift += 16) { /* each chunk's start: X4's chunks begin four values early */
-        uint32_t *chunk = (uint32_t *)rv_chunk(a, shift), words = blocks + (shift ? 1 : 0);
-        for (uint32_t c = 0; c * RV_CHUNK < words; c++) {
-            int32_t from = (int32_t)(8 * RV_CHUNK * c) - (shift ? 4 : 0), to = from + 8 * RV_CHUNK, sum = 0;
-            for (int32_t i = from < 0 ? 0 : from; i < to && i < (int32_t)(8 * blocks); i++) sum += q[i];
-            chunk[c] = 0x8000u - ((uint32_t)(8 * sum) << 16);
-        }
-    }
+    for (int k = 0; k < 4; k++) x4[4 * blocks + k] = rv_pair(0, q[8 * blocks + k - 4]); /* X4's block past the end */
+    if (blocks % RV_CHUNK) c0[blocks / RV_CHUNK] = rv_chunk_start(s0);
+    c4[blocks / RV_CHUNK] = rv_chunk_start(s4);
+    if (n % 8 || !n) return;
+    /* rows read whole from two bytes into a word: the last four values move from the chunk of X4's block n/8 (not
+     * read) into chunk 0, with word 0 */
+    uint32_t words = n / 8, *cw = (uint32_t *)rv_chunk_wrap(a), *xw = (uint32_t *)rv_xw(a);
+    uint32_t tail = (uint32_t)(8 * (q[n - 4] + q[n - 3] + q[n - 2] + q[n - 1])) << 16;
+    for (uint32_t c = 0; c * RV_CHUNK < words; c++) cw[c] = c4[c];
+    cw[0] -= tail;
+    if (words % RV_CHUNK) cw[words / RV_CHUNK] += tail;
+    for (int k = 0; k < 4; k++) xw[k] = rv_pair(q[n - 4 + k], q[k]); /* position k: value k; k + 4: value n - 4 + k */
 }
 
 /* Add one word's eight products (v biased) against x[0..4) to s, in its lanes. */
@@ -164,18 +179,18 @@ static inline __attribute__((always_inline)) int32_t kseg_i4(const uint8_t *wb, 
  * loaded serves four rows, and so does the loop's bookkeeping; a sum starts at its chunk's value, 2^15 - 8 sum(q) *
  * 2^16, so its high half holds code * q itself and 32 products (RV_CHUNK words) go between reads. A head's four rows
  * must start at one offset in their words: records of a stride of 2 mod 4 alternate between offsets 0 and 2, so
- * every other row is taken (against X0, or X4 from the word before); other rows go one by one. */
+ * every other row is taken, against X0, or (offset 2) joining each row's first and last four codes into one word so
+ * that the row is still n/8 aligned words; rows at odd byte offsets go one by one. */
 #define KROWS_I4 1
 #define KDENSE_I4 1
 #define RV_DENSE_MAX_CHUNKS 32 /* a dense row of up to 1,024 values goes four at a time (its chunk sums: 512 bytes) */
 
 /* The loops are written in assembly: GCC 12 kept the four rows' pointers, sums and the activation words of a chunk
  * in too few registers and spilled (330 instructions for a chunk of 128 products, against 304 here). One step: row
- * R's word at byte OFF into its sum sR (FROM: sR itself, or the chunk value) against the chunk's activation words in
- * t3..t6 (17 instructions: a load, the bias, seven shifts and masks, four products and their sums; t0 and t1 are its
- * scratch). */
-#define RV_STEP(R, OFF, FROM)                                                                                       \
-    "lw t0, " #OFF "(%[p" #R "])\n\t"                                                                               \
+ * R's word (in t0) into its sum sR (FROM: sR itself, or the chunk value) against the chunk's activation words in
+ * t3..t6 (16 instructions: the bias, seven shifts and masks, four products and their sums; t1 is its scratch); with
+ * the word's load, 17. */
+#define RV_BODY(R, FROM)                                                                                            \
     "xor t0, t0, %[bias]\n\t"                                                                                       \
     "and t1, t0, %[lanes]\n\t"                                                                                      \
     "mul t1, t1, t3\n\t"                                                                                            \
@@ -192,17 +207,27 @@ static inline __attribute__((always_inline)) int32_t kseg_i4(const uint8_t *wb, 
     "and t0, t0, %[lanes]\n\t"                                                                                      \
     "mul t0, t0, t6\n\t"                                                                                            \
     "add %[s" #R "], %[s" #R "], t0\n\t"
+#define RV_STEP(R, OFF, FROM) "lw t0, " #OFF "(%[p" #R "])\n\t" RV_BODY(R, FROM)
+/* Row R's word 0 at offset 2: the high half of its first word (codes 0..3) and the low half of the word `last`
+ * bytes on (codes n - 4 .. n - 1), six instructions where a load was. */
+#define RV_JOIN(R)                                                                                                  \
+    "add t1, %[p" #R "], %[last]\n\t"                                                                               \
+    "lw t1, 0(t1)\n\t"                                                                                              \
+    "lw t0, 0(%[p" #R "])\n\t"                                                                                      \
+    "srli t0, t0, 16\n\t"                                                                                           \
+    "slli t1, t1, 16\n\t"                                                                                           \
+    "or t0, t0, t1\n\t" RV_BODY(R, "t2")
 /* Word W (at byte W of each row, XOFF of the activation) for the four rows: its activation words, each row's step;
  * a chunk's first word starts each sum at the chunk value (in t2), the others add on. */
-#define RV_XWORDS(XOFF)                                                                                             \
-    "lw t3, " #XOFF "(%[x])\n\t"                                                                                    \
-    "lw t4, " #XOFF "+4(%[x])\n\t"                                                                                  \
-    "lw t5, " #XOFF "+8(%[x])\n\t"                                                                                  \
-    "lw t6, " #XOFF "+12(%[x])\n\t"
+#define RV_XWORDS(X, XOFF)                                                                                          \
+    "lw t3, " #XOFF "(%[" #X "])\n\t"                                                                               \
+    "lw t4, " #XOFF "+4(%[" #X "])\n\t"                                                                             \
+    "lw t5, " #XOFF "+8(%[" #X "])\n\t"                                                                             \
+    "lw t6, " #XOFF "+12(%[" #X "])\n\t"
 #define RV_FIRST(W, XOFF)                                                                                           \
-    RV_XWORDS(XOFF) RV_STEP(0, W, "t2") RV_STEP(1, W, "t2") RV_STEP(2, W, "t2") RV_STEP(3, W, "t2")
+    RV_XWORDS(x, XOFF) RV_STEP(0, W, "t2") RV_STEP(1, W, "t2") RV_STEP(2, W, "t2") RV_STEP(3, W, "t2")
 #define RV_WORD(W, XOFF)                                                                                            \
-    RV_XWORDS(XOFF) RV_STEP(0, W, "%[s0]") RV_STEP(1, W, "%[s1]") RV_STEP(2, W, "%[s2]") RV_STEP(3, W, "%[s3]")
+    RV_XWORDS(x, XOFF) RV_STEP(0, W, "%[s0]") RV_STEP(1, W, "%[s1]") RV_STEP(2, W, "%[s2]") RV_STEP(3, W, "%[s3]")
 /* The next chunk value, into t2. */
 #define RV_INIT                                                                                                     \
     "lw t2, 0(%[c])\n\t"                                                                                            \
@@ -255,12 +280,40 @@ static inline __attribute__((always_inline)) int32_t kseg_i4(const uint8_t *wb, 
     : [lanes] "r"(RV_LANES), [bias] "r"(RV_BIAS), [end] "r"(end)                                                    \
     : "t0", "t1", "t2", "t3", "t4", "t5", "t6", "memory"
 
-/* total[i] = the sum of code * q over `words` words of row i (codes at p0..p3 against x, sums from chunk[0]). */
-static void rv_rows4_total(int32_t *total, const uint32_t *p0, const uint32_t *p1, const uint32_t *p2,
-                           const uint32_t *p3, const uint32_t *x, uint32_t words, const uint32_t *chunk) {
+/* total[i * apart] = the sum of code * q over `words` words of row i (codes at p0..p3 against x, sums from
+ * chunk[0]). */
+static inline __attribute__((always_inline)) void rv_rows4_total(int32_t *total, const uint32_t *p0, const uint32_t *p1,
+                                                                 const uint32_t *p2, const uint32_t *p3,
+                                                                 const uint32_t *x, uint32_t words,
+                                                                 const uint32_t *chunk, uint32_t apart) {
     int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     RV_ROWS4(RV_READ_TOTAL, [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3));
-    total[0] = a0, total[1] = a1, total[2] = a2, total[3] = a3;
+    total[0] = a0, total[apart] = a1, total[2 * apart] = a2, total[3 * apart] = a3;
+}
+
+/* The same for rows of n = a->n values (`words` = n/8, at least RV_CHUNK) two bytes into their words, p0..p3 at the
+ * aligned word that holds each row's codes 0..3 in its high half: the first chunk starts with the joined word 0
+ * (against XW), then X4's blocks 1 .. words - 1 meet the words after it. */
+static inline __attribute__((always_inline)) void rv_rows4_wrap_total(int32_t *total, const uint32_t *p0,
+                                                                      const uint32_t *p1, const uint32_t *p2,
+                                                                      const uint32_t *p3, const ple_kact *a,
+                                                                      uint32_t words, uint32_t apart) {
+    const uint32_t *x = rv_x4(a), *chunk = rv_chunk_wrap(a);
+    uint32_t s0, s1, s2, s3;
+    __asm__ volatile(RV_INIT RV_XWORDS(xw, 0) RV_JOIN(0) RV_JOIN(1) RV_JOIN(2) RV_JOIN(3) RV_WORD(4, 16)
+                     RV_WORD(8, 32) RV_WORD(12, 48) RV_ADVANCE(16)
+                     "srai %[s0], %[s0], 16\n\t"
+                     "srai %[s1], %[s1], 16\n\t"
+                     "srai %[s2], %[s2], 16\n\t"
+                     "srai %[s3], %[s3], 16\n\t"
+                     : [p0] "+r"(p0), [p1] "+r"(p1), [p2] "+r"(p2), [p3] "+r"(p3), [x] "+r"(x), [c] "+r"(chunk),
+                       [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3)
+                     : [lanes] "r"(RV_LANES), [bias] "r"(RV_BIAS), [xw] "r"(rv_xw(a)), [last] "r"(4 * words)
+                     : "t0", "t1", "t2", "t3", "t4", "t5", "t6", "memory");
+    int32_t a0 = (int32_t)s0, a1 = (int32_t)s1, a2 = (int32_t)s2, a3 = (int32_t)s3;
+    words -= RV_CHUNK;
+    RV_ROWS4(RV_READ_TOTAL, [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3));
+    total[0] = a0, total[apart] = a1, total[2 * apart] = a2, total[3 * apart] = a3;
 }
 
 /* h[4c + i] = the sum of code * q over chunk c (RV_CHUNK words) of row i, for every chunk of `words` words. */
@@ -271,40 +324,93 @@ static void rv_rows4_chunks(int32_t *h, const uint32_t *p0, const uint32_t *p1, 
 
 static inline const uint32_t *rv_words_at(const uint8_t *p) { return (const uint32_t *)(const void *)p; }
 
-/* One record's result, as the driver computes it: (float)(its sum) * its scale * the activation's scale. */
-static inline float rv_record(const uint8_t *codes, const uint8_t *scales, size_t off, uint32_t n, const ple_kact *a) {
-    return PLE_FMUL(PLE_SCALED(kseg_i4(codes + off, a, 0, n), scales + off), a->scale);
+/* The sums of four records at byte offsets off[0..4) of codes, each `shift` bits into its word (0 or 16; n = a->n
+ * values), into isum[at[0..4)]. */
+static inline __attribute__((always_inline)) void rv_sums4(int32_t *isum, const uint32_t *at, const uint8_t *codes,
+                                                           const size_t *off, unsigned shift, uint32_t n,
+                                                           const ple_kact *a) {
+    int32_t sum[4];
+    const uint8_t *c = codes - shift / 8;
+    if (shift && n >= 8 * RV_CHUNK)
+        rv_rows4_wrap_total(sum, rv_words_at(c + off[0]), rv_words_at(c + off[1]), rv_words_at(c + off[2]),
+                            rv_words_at(c + off[3]), a, n / 8, 1);
+    else /* offset 0 against X0; short rows at offset 2 read one word more, against X4 */
+        rv_rows4_total(sum, rv_words_at(c + off[0]), rv_words_at(c + off[1]), rv_words_at(c + off[2]),
+                       rv_words_at(c + off[3]), shift ? rv_x4(a) : rv_x0(a), n / 8 + shift / 16, rv_chunk(a, shift), 1);
+    for (int k = 0; k < 4; k++) isum[at[k]] = sum[k];
 }
 
 #define RV_HEAD_ROWS 256 /* rows whose sums one pass keeps (1 KiB of stack), then scales them all */
 
-static void krows_i4(float *out, const uint8_t *codes, const uint8_t *scales, size_t stride, const uint32_t *idx,
-                     uint32_t rows, uint32_t n, const ple_kact *a) {
-    if (idx || n != a->n || rows > RV_HEAD_ROWS) { /* rows picked out of order, or shorter than the activation (X4's
-                                                    * zeros end at n): one by one */
-        for (uint32_t r = 0; r < rows; r++) out[r] = rv_record(codes, scales, (idx ? idx[r] : r) * stride, n, a);
+/* Up to RV_HEAD_ROWS rows (n = a->n values each) into isum: four at a time within each offset class of their words
+ * (0 or 2 bytes in), rows at odd byte offsets and the last of a class one by one. */
+static void rv_head_sums(int32_t *isum, const uint8_t *codes, size_t stride, const uint32_t *idx, uint32_t rows,
+                         uint32_t n, const ple_kact *a) {
+    if (!idx) { /* the tied head in order: records of a stride of 2 mod 4 alternate between offsets 0 and 2 */
+        uint32_t period = stride % 4 == 0 ? 1 : stride % 4 == 2 ? 2 : 4;
+        size_t step = period * stride;
+        for (uint32_t first = 0; first < period && first < rows; first++) {
+            unsigned shift = 8 * (unsigned)(((uintptr_t)codes + first * stride) & 3u);
+            uint32_t r = first;
+            const uint8_t *c = codes + first * stride - shift / 8;
+            if (shift == 0 || (shift == 16 && n < 8 * RV_CHUNK)) { /* short rows at offset 2: one word more, X4 */
+                const uint32_t *x = shift ? rv_x4(a) : rv_x0(a), *chunk = rv_chunk(a, shift);
+                uint32_t words = n / 8 + shift / 16;
+                for (; r + 3 * period < rows; r += 4 * period, c += 4 * step)
+                    rv_rows4_total(isum + r, rv_words_at(c), rv_words_at(c + step), rv_words_at(c + 2 * step),
+                                   rv_words_at(c + 3 * step), x, words, chunk, period);
+            } else if (shift == 16) {
+                for (; r + 3 * period < rows; r += 4 * period, c += 4 * step)
+                    rv_rows4_wrap_total(isum + r, rv_words_at(c), rv_words_at(c + step), rv_words_at(c + 2 * step),
+                                        rv_words_at(c + 3 * step), a, n / 8, period);
+            }
+            for (; r < rows; r += period) isum[r] = kseg_i4(codes + r * stride, a, 0, n);
+        }
         return;
     }
-    uint32_t period = stride % 4 == 0 ? 1 : stride % 4 == 2 ? 2 : 4;
-    size_t step = period * stride;
-    int32_t isum[RV_HEAD_ROWS];
-    for (uint32_t first = 0; first < period && first < rows; first++) { /* the rows of one offset class */
-        unsigned shift = 8 * (unsigned)(((uintptr_t)codes + first * stride) & 3u);
-        uint32_t r = first;
-        if (shift % 16 == 0) { /* four at a time; odd byte offsets go one by one */
-            const uint8_t *c = codes + first * stride - shift / 8;
-            const uint32_t *x = shift ? rv_x4(a) : rv_x0(a), *chunk = rv_chunk(a, shift), words = n / 8 + shift / 16;
-            for (; r + 3 * period < rows; r += 4 * period, c += 4 * step) {
-                int32_t sum[4];
-                rv_rows4_total(sum, rv_words_at(c), rv_words_at(c + step), rv_words_at(c + 2 * step),
-                               rv_words_at(c + 3 * step), x, words, chunk);
-                for (uint32_t k = 0; k < 4; k++) isum[r + k * period] = sum[k];
-            }
+    uint32_t wait[2][4], waiting[2] = {0, 0}; /* picked rows (the greedy head's blocks): grouped by offset class */
+    for (uint32_t r = 0; r < rows; r++) {
+        size_t off = idx[r] * stride;
+        unsigned shift = 8 * (unsigned)(((uintptr_t)codes + off) & 3u);
+        if (shift % 16) {
+            isum[r] = kseg_i4(codes + off, a, 0, n);
+            continue;
         }
-        for (; r < rows; r += period) isum[r] = kseg_i4(codes + r * stride, a, 0, n);
+        uint32_t *w = wait[shift / 16];
+        w[waiting[shift / 16]++] = r;
+        if (waiting[shift / 16] == 4) {
+            size_t offs[4] = {idx[w[0]] * stride, idx[w[1]] * stride, idx[w[2]] * stride, idx[w[3]] * stride};
+            rv_sums4(isum, w, codes, offs, shift, n, a);
+            waiting[shift / 16] = 0;
+        }
     }
+    for (int k = 0; k < 2; k++)
+        for (uint32_t j = 0; j < waiting[k]; j++) isum[wait[k][j]] = kseg_i4(codes + idx[wait[k][j]] * stride, a, 0, n);
+}
+
+static void krows_i4(float *out, const uint8_t *codes, const uint8_t *scales, size_t stride, const uint32_t *idx,
+                     uint32_t rows, uint32_t n, const ple_kact *a) {
+    if (n != a->n) { /* shorter than the activation (X4's zeros and XW are laid out for a->n): one by one */
+        for (uint32_t r = 0; r < rows; r++) {
+            size_t off = (idx ? idx[r] : r) * stride;
+            out[r] = PLE_SCALED_X(kseg_i4(codes + off, a, 0, n), scales + off, a->scale);
+        }
+        return;
+    }
+    int32_t isum[RV_HEAD_ROWS];
     float scale = a->scale; /* as the driver: (float)sum * its scale * the activation's */
-    for (uint32_t r = 0; r < rows; r++, scales += stride) out[r] = PLE_FMUL(PLE_SCALED(isum[r], scales), scale);
+    for (uint32_t r0 = 0; r0 < rows; r0 += RV_HEAD_ROWS) {
+        uint32_t take = rows - r0 < RV_HEAD_ROWS ? rows - r0 : RV_HEAD_ROWS;
+        if (idx) {
+            rv_head_sums(isum, codes, stride, idx + r0, take, n, a);
+            for (uint32_t r = 0; r < take; r++)
+                out[r0 + r] = PLE_SCALED_X(isum[r], scales + idx[r0 + r] * stride, scale);
+        } else {
+            rv_head_sums(isum, codes + r0 * stride, stride, NULL, take, n, a);
+            const uint8_t *sc = scales + r0 * stride;
+            for (uint32_t r = 0; r < take; r++, sc += stride) out[r0 + r] = PLE_SCALED_X(isum[r], sc, scale);
+        }
+    }
 }
 
 /* Rows r0, r0 + 1, ... of a dense int4 matrix, four at a time, when its rows and groups are whole chunks (cols and
@@ -328,7 +434,12 @@ static uint32_t kdense_i4(float *out, const uint8_t *codes, const uint8_t *scale
                 uint32_t take = group - used < cols - x0 ? group - used : cols - x0;
                 int32_t isum = 0;
                 for (uint32_t m = take / (8 * RV_CHUNK); m; m--, hk += 4) isum += *hk;
+#ifdef PLE_SOFT_FLOAT /* no float add for a row's first segment: 0 + v is v */
+                float v = PLE_SCALED(isum, scales + 2 * g);
+                sum = x0 ? sum + v : ple_add0(v);
+#else
                 sum += PLE_SCALED(isum, scales + 2 * g);
+#endif
                 x0 += take, used += take;
                 if (used == group) used = 0, g++;
             }
@@ -795,7 +906,7 @@ static void rows_of(float *out, int dtype, const uint8_t *codes, const uint8_t *
 #else
         for (uint32_t r = 0; r < rows; r++) {
             size_t off = (idx ? idx[r] : r) * stride;
-            out[r] = PLE_FMUL(PLE_SCALED(kseg_i4(codes + off, a, 0, n), scales + off), a->scale);
+            out[r] = PLE_SCALED_X(kseg_i4(codes + off, a, 0, n), scales + off, a->scale);
         }
 #endif
     } else if (dtype == PLE_INT8 && n % ALIGN_I8 == 0 && n <= PLE_KCHUNK) {
@@ -804,7 +915,7 @@ static void rows_of(float *out, int dtype, const uint8_t *codes, const uint8_t *
 #else
         for (uint32_t r = 0; r < rows; r++) {
             size_t off = (idx ? idx[r] : r) * stride;
-            out[r] = PLE_FMUL(PLE_SCALED(kseg_i8((const int8_t *)codes + off, a, 0, n), scales + off), a->scale);
+            out[r] = PLE_SCALED_X(kseg_i8((const int8_t *)codes + off, a, 0, n), scales + off, a->scale);
         }
 #endif
     } else {

@@ -73,6 +73,19 @@ static inline float ple_f16(const uint8_t *p) {
     __fp16 h;
     memcpy(&h, p, 2);
     return (float)h;
+#elif defined(__riscv) && defined(__riscv_flen)
+    /* RISC-V F computes subnormals and never flushes them: the fp16 bits placed in a float's (exponent 112 short,
+     * subnormals included) times 2^112 is the value exactly, with no branch for the common cases */
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, em = h & 0x7fffu, u = (h & 0x8000u) << 16;
+    float f;
+    if (em >= 0x7c00u) { /* infinity or NaN */
+        u |= 0x7f800000u | (em & 0x3ffu) << 13;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    u |= em << 13;
+    memcpy(&f, &u, 4);
+    return f * 0x1p112f;
 #else
     uint32_t h = p[0] | (uint32_t)p[1] << 8, em = h & 0x7fffu, u; /* em: exponent and mantissa */
     float f;
@@ -95,8 +108,9 @@ static inline float ple_f16(const uint8_t *p) {
  * exactly as IEEE single precision rounds them (to nearest, ties to even), so every build gives the same bits.
  * libgcc's generic __mulsf3 takes about 100 instructions a call and __floatsisf 40, and the head makes two and one a
  * row; these take about 35 and 30 for the numbers the products meet, and hand anything else (zeros, subnormals,
- * infinities, NaN, sums of 2^17 or more) to the compiler's own. PLE_SCALED / PLE_FMUL are plain float arithmetic
- * elsewhere, so builds with an FPU keep their fused multiply-adds. */
+ * infinities, NaN, sums of 2^17 or more) to the compiler's own. The model's own hot products (norms, activations,
+ * attention) use PLE_FMUL and PLE_I2F too. PLE_SCALED / PLE_FMUL / PLE_I2F are plain float arithmetic elsewhere, so
+ * builds with an FPU keep their fused multiply-adds. */
 #if (defined(__riscv) && !defined(__riscv_flen)) || defined(__SOFTFP__)
 #define PLE_SOFT_FLOAT 1
 static inline uint32_t ple_fbits(float f) {
@@ -127,44 +141,92 @@ static inline uint32_t ple_round_shift(uint32_t m, unsigned sh) {
     return q + (rem > half || (rem == half && (q & 1)));
 }
 
-/* (float)isum * (the fp16 at p), for |isum| < 2^17 and a normal scale: the exact product (under 2^28) rounded once. */
-static inline float ple_scaled(int32_t isum, const uint8_t *p) {
-    uint32_t h = p[0] | (uint32_t)p[1] << 8, e = (h >> 10) & 31, av = isum < 0 ? 0u - (uint32_t)isum : (uint32_t)isum;
-    if (e == 0 || e == 31 || av == 0 || av >= (1u << 17)) return (float)isum * ple_f16(p);
+/* isum * the fp16 h, for 0 < |isum| = av < 2^17 and a normal h: the exact product (under 2^28) rounded once, as its
+ * 24-bit mantissa; *exp its biased float exponent (always a normal float: 113 <= *exp <= 160). */
+static inline uint32_t ple_scaled_mant(uint32_t av, uint32_t h, int *exp) {
     uint32_t prod = av * ((h & 0x3ffu) | 0x400u), mant; /* the value is prod * 2^(e - 25) */
-    int top = ple_log2(prod), exp = top + (int)e - 25 + 127;  /* always a normal float: 113 <= exp <= 160 */
+    int top = ple_log2(prod);
+    *exp = top + (int)((h >> 10) & 31) - 25 + 127;
     if (top > 23) {
         mant = ple_round_shift(prod, (unsigned)(top - 23));
-        if (mant >> 24) mant >>= 1, exp++;
+        if (mant >> 24) mant >>= 1, ++*exp;
     } else {
         mant = prod << (23 - top);
     }
-    uint32_t sign = ((uint32_t)isum ^ h << 16) & 0x80000000u; /* the product's: either factor's */
+    return mant;
+}
+
+/* (float)isum * (the fp16 at p), for |isum| < 2^17 and a normal scale. */
+static inline float ple_scaled(int32_t isum, const uint8_t *p) {
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, e = (h >> 10) & 31, av = isum < 0 ? 0u - (uint32_t)isum : (uint32_t)isum;
+    if (e == 0 || e == 31 || av == 0 || av >= (1u << 17)) return (float)isum * ple_f16(p);
+    int exp;
+    uint32_t mant = ple_scaled_mant(av, h, &exp), sign = ((uint32_t)isum ^ h << 16) & 0x80000000u; /* either's */
     return ple_bitsf(sign | (uint32_t)exp << 23 | (mant & 0x7fffffu));
+}
+
+/* The product of two 24-bit mantissas rounded to 24 bits (nearest, ties to even); *exp goes up by one when it
+ * carries past them (the caller's exponent is the product's for a product below 2^47). */
+static inline uint32_t ple_mul_mant(uint32_t ma, uint32_t mb, int *exp) {
+    uint64_t p = (uint64_t)ma * mb; /* in [2^46, 2^48) */
+    uint32_t hi = (uint32_t)(p >> 23), lo = (uint32_t)p & 0x7fffffu, mant; /* hi: 24 or 25 bits */
+    if (hi >> 24) { /* p >= 2^47: one more bit to round away */
+        lo |= (hi & 1u) << 23, hi >>= 1, ++*exp;
+        mant = hi + ((lo > 0x800000u || (lo == 0x800000u && (hi & 1))) ? 1u : 0u);
+    } else {
+        mant = hi + ((lo > 0x400000u || (lo == 0x400000u && (hi & 1))) ? 1u : 0u);
+    }
+    if (mant >> 24) mant >>= 1, ++*exp;
+    return mant;
 }
 
 /* a * b for normal a and b with a normal product; anything else the compiler's. */
 static inline float ple_fmul(float a, float b) {
     uint32_t x = ple_fbits(a), y = ple_fbits(b), ex = (x >> 23) & 255, ey = (y >> 23) & 255;
     if (ex - 1u >= 254u || ey - 1u >= 254u) return a * b;
-    uint64_t p = (uint64_t)((x & 0x7fffffu) | 0x800000u) * ((y & 0x7fffffu) | 0x800000u); /* in [2^46, 2^48) */
     int exp = (int)(ex + ey) - 127;
-    uint32_t hi = (uint32_t)(p >> 23), lo = (uint32_t)p & 0x7fffffu, mant; /* hi: 24 or 25 bits */
-    if (hi >> 24) { /* p >= 2^47: one more bit to round away */
-        lo |= (hi & 1u) << 23, hi >>= 1, exp++;
-        mant = hi + ((lo > 0x800000u || (lo == 0x800000u && (hi & 1))) ? 1u : 0u);
-    } else {
-        mant = hi + ((lo > 0x400000u || (lo == 0x400000u && (hi & 1))) ? 1u : 0u);
-    }
-    if (mant >> 24) mant >>= 1, exp++;
+    uint32_t mant = ple_mul_mant((x & 0x7fffffu) | 0x800000u, (y & 0x7fffffu) | 0x800000u, &exp);
     if (exp <= 0 || exp >= 255) return a * b; /* overflow or underflow: the compiler's rounding, its infinities */
     return ple_bitsf(((x ^ y) & 0x80000000u) | (uint32_t)exp << 23 | (mant & 0x7fffffu));
 }
+
+/* (float)v for |v| < 2^24 (exact): the bits put together, without __floatsisf's call. */
+static inline float ple_i2f(int32_t v) {
+    if (!v) return 0.0f;
+    uint32_t av = v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
+    int top = ple_log2(av);
+    return ple_bitsf((v < 0 ? 0x80000000u : 0u) | (uint32_t)(top + 127) << 23 | ((av << (23 - top)) & 0x7fffffu));
+}
+
+/* 0.0f + v without the float add: v, but +0 for -0 (and the add itself for infinities and NaN). */
+static inline float ple_add0(float v) {
+    uint32_t u = ple_fbits(v);
+    return (u << 1) == 0 || (u & 0x7f800000u) == 0x7f800000u ? 0.0f + v : v;
+}
+
+/* ple_fmul(ple_scaled(isum, p), xs), the first product kept as its mantissa and exponent (a head row's result: no
+ * float packed only to be taken apart again). */
+static inline __attribute__((always_inline)) float ple_scaled_x(int32_t isum, const uint8_t *p, float xs) {
+    uint32_t h = p[0] | (uint32_t)p[1] << 8, e = (h >> 10) & 31, av = isum < 0 ? 0u - (uint32_t)isum : (uint32_t)isum;
+    uint32_t y = ple_fbits(xs), ey = (y >> 23) & 255;
+    if (e == 0 || e == 31 || av == 0 || av >= (1u << 17) || ey - 1u >= 254u) return ple_fmul(ple_scaled(isum, p), xs);
+    int exp;
+    uint32_t m1 = ple_scaled_mant(av, h, &exp);
+    exp += (int)ey - 127;
+    uint32_t mant = ple_mul_mant(m1, (y & 0x7fffffu) | 0x800000u, &exp);
+    if (exp <= 0 || exp >= 255) return ple_fmul(ple_scaled(isum, p), xs);
+    return ple_bitsf((((uint32_t)isum ^ h << 16 ^ y) & 0x80000000u) | (uint32_t)exp << 23 | (mant & 0x7fffffu));
+}
 #define PLE_SCALED(isum, p) ple_scaled(isum, p)
 #define PLE_FMUL(a, b) ple_fmul(a, b)
+#define PLE_SCALED_X(isum, p, xs) ple_scaled_x(isum, p, xs)
+#define PLE_I2F(v) ple_i2f(v)
 #else
 #define PLE_SCALED(isum, p) ((float)(isum) * ple_f16(p))
 #define PLE_FMUL(a, b) ((a) * (b))
+#define PLE_I2F(v) ((float)(v)) /* v: |v| < 2^24 */
+/* A row of one group: (float)isum * its fp16 scale * the activation's scale xs, each product rounded. */
+#define PLE_SCALED_X(isum, p, xs) PLE_FMUL(PLE_SCALED(isum, p), xs)
 #endif
 
 /* The group of value e: e / group, in 32 bits whenever e fits them. A 64-bit division is a library call on a 32-bit

@@ -54,6 +54,31 @@ static void check(ple_kcheck_result *out, uint32_t c, float got, float want) {
 
 #define UP16(n) (((size_t)(n) + 15) / 16 * 16)
 
+/* The fp16 value of bits h, from its definition: sign, (1024 + mantissa) * 2^(exponent - 25), subnormals m * 2^-24. */
+static float f16_reference(uint32_t h) {
+    uint32_t e = (h >> 10) & 31, m = h & 0x3ffu, inf = 0x7f800000u, p2 = (e + 102u) << 23; /* p2: 2^(e - 25) */
+    float v, f;
+    if (e == 31) {
+        memcpy(&f, &inf, 4);
+        v = m ? f - f : f; /* NaN when the mantissa is not zero */
+    } else {
+        memcpy(&f, &p2, 4);
+        v = e ? (float)(1024 + m) * f : (float)m * (1.0f / 16777216.0f);
+    }
+    return h & 0x8000u ? -v : v;
+}
+
+/* Every fp16 bit pattern through ple_f16 (each build's own conversion) against the definition: the same bits, or
+ * both NaN (a conversion may quiet a signalling NaN). */
+static void check_f16(ple_kcheck_result *out, uint32_t c) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint8_t p[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
+        float got = ple_f16(p), want = f16_reference(h);
+        if (got != got && want != want) continue;
+        check(out, c, got, want);
+    }
+}
+
 void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck_result *out) {
     static const uint32_t groups[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 64, 96, 100, 127, 128, 200};
     const uint32_t maxn = PLE_KCHECK_MAXN;
@@ -67,6 +92,8 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
     uint32_t s = seed * 2654435761u + 1u;
     memset(out, 0, sizeof *out);
     out->digest = 2166136261u;
+    check_f16(out, cases);
+    for (int32_t v = -(1 << 17); v <= 1 << 17; v++) check(out, cases, PLE_I2F(v), (float)v); /* the model's (float)v */
     for (uint32_t c = 0; c < cases; c++) {
         int dtype = rng(&s) & 1 ? PLE_INT4 : PLE_INT8;
         uint32_t group, n, e0;

@@ -146,9 +146,9 @@ static void deq_row(const qmat *w, uint32_t r, float *out) {
         uint64_t b = (g + 1) * w->group < end ? (g + 1) * w->group : end;
         float scale = f16(s + 2 * g);
         if (w->dtype == PLE_INT8)
-            for (; e < b; e++) out[e - e0] = (float)(int8_t)c[e] * scale;
+            for (; e < b; e++) out[e - e0] = PLE_FMUL(PLE_I2F((int8_t)c[e]), scale);
         else
-            for (; e < b; e++) out[e - e0] = (float)nib(c[e / 2], (int)(e & 1)) * scale;
+            for (; e < b; e++) out[e - e0] = PLE_FMUL(PLE_I2F(nib(c[e / 2], (int)(e & 1))), scale);
     }
 }
 
@@ -306,21 +306,21 @@ static void rms_norm(float *out, const float *x, const float *w, uint32_t n, flo
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     uint32_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        s0 += x[i] * x[i];
-        s1 += x[i + 1] * x[i + 1];
-        s2 += x[i + 2] * x[i + 2];
-        s3 += x[i + 3] * x[i + 3];
+        s0 += PLE_FMUL(x[i], x[i]);
+        s1 += PLE_FMUL(x[i + 1], x[i + 1]);
+        s2 += PLE_FMUL(x[i + 2], x[i + 2]);
+        s3 += PLE_FMUL(x[i + 3], x[i + 3]);
     }
-    for (; i < n; i++) s0 += x[i] * x[i];
+    for (; i < n; i++) s0 += PLE_FMUL(x[i], x[i]);
     float r = sqrtf(((s0 + s1) + (s2 + s3)) / (float)n + eps);
-    for (i = 0; i < n; i++) out[i] = x[i] / r * w[i];
+    for (i = 0; i < n; i++) out[i] = PLE_FMUL(x[i] / r, w[i]);
 }
 
-static float silu(float x) { return x * 0.5f * (1.0f + tanhf(x * 0.5f)); }
+static float silu(float x) { return PLE_FMUL(PLE_FMUL(x, 0.5f), 1.0f + tanhf(PLE_FMUL(x, 0.5f))); }
 
 static float gelu_tanh(float x) {
     const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    return PLE_FMUL(PLE_FMUL(0.5f, x), 1.0f + tanhf(PLE_FMUL(c, x + PLE_FMUL(PLE_FMUL(PLE_FMUL(0.044715f, x), x), x))));
 }
 
 /* Rotate each head's pairs (i, i + half) by the angles of this position: rope_angles' cos and sin. */
@@ -958,10 +958,10 @@ static void attention(ple_model *m, const layer_w *l, uint32_t layer, uint32_t p
             if (q8) {
                 const int8_t *vc = m->vq + (v0 + t) * hd;
                 w *= m->vs[v0 + t];
-                for (uint32_t i = 0; i < hd; i++) y[i] += w * (float)vc[i];
+                for (uint32_t i = 0; i < hd; i++) y[i] += PLE_FMUL(w, PLE_I2F(vc[i]));
             } else {
                 const float *vc = m->vcache + (v0 + t) * hd;
-                for (uint32_t i = 0; i < hd; i++) y[i] += w * vc[i];
+                for (uint32_t i = 0; i < hd; i++) y[i] += PLE_FMUL(w, vc[i]);
             }
         }
     }
@@ -1012,7 +1012,7 @@ static void swiglu(ple_model *m, const qmat *w3, float *out) {
     act(m, m->xn, m->d.hidden);
     mv(m, m->h1, &w3[0]);
     mv(m, m->h2, &w3[1]);
-    for (uint32_t i = 0; i < m->d.inter; i++) m->h1[i] = silu(m->h1[i]) * m->h2[i];
+    for (uint32_t i = 0; i < m->d.inter; i++) m->h1[i] = PLE_FMUL(silu(m->h1[i]), m->h2[i]);
     act(m, m->h1, m->d.inter);
     mv(m, out, &w3[2]);
 }
@@ -1079,7 +1079,7 @@ static void ffn(ple_model *m, const layer_w *l) {
             act(m, m->lr, d->rank);
             mv(m, m->h2, &l->ub);
         }
-        for (uint32_t i = 0; i < d->inter; i++) m->h1[i] = silu(m->h1[i]) * m->h2[i];
+        for (uint32_t i = 0; i < d->inter; i++) m->h1[i] = PLE_FMUL(silu(m->h1[i]), m->h2[i]);
         act(m, m->h1, d->inter);
         mv(m, m->h3, &l->down);
     }
