@@ -284,6 +284,7 @@ REGISTERED_PLAN_HASHES = {
     "ffn-study-2": "65fea01123311bd70cf83e1ffbf1300199a98ea4378adf540f1a1e7dc278c9bb",  # registered 2026-12-02
     "deadzone-onset-h64": "0a4d6918053e6ae84eef8fd29719e90e9a52e24900a464ec79804c33a284d968",  # registered 2026-12-04
     "deadzone-onset-h32": "84950e119aa9a15f644f09dc17c853af8cd88f4dbe3e5caa989517d78ff3b611",  # registered 2026-12-04
+    "ngram-study": "4607b821fab182e5c458c940558a5653a3eca39cf31ed1078f21df015e943b64",  # registered 2026-12-04
 }
 
 
