@@ -36,6 +36,9 @@ SNAPSHOTS="$REPO/studies"
 # prepared data the sweep reads | how to make it. A commit from before studies had folders of their own keeps its
 # sweep file under configs/sweeps/; the snapshot goes to this checkout's studies/<name>/<sweep file's stem>.sql
 # whatever the commit.
+# The n-gram study (token PLE against a hashed n-gram table, issue 36) runs first: 40 runs of 3,000 steps, ~6-7 hours
+# of wall; its pilot (studies/ngram/ngram-pilot.toml at 6e99042, 10 of 10 runs, sizing only) is finished, snapshot
+# studies/ngram/ngram-pilot.sql.
 # The dead-zone law's third round ("where the dead zone begins"): its two sweeps run one after the other from one
 # worktree pinned at their registration commit, H = 64 first.
 # Finished studies leave this list (a new machine would otherwise prepare their data only to find nothing to run):
@@ -47,6 +50,7 @@ SNAPSHOTS="$REPO/studies"
 # report in studies/fastpath/).
 PREPARE_8K="python3 -m plelab data prepare ../shared/data/train --tokenizer /tmp/plelab-tokenizer-8k.json --vocab-size 8192 --out /tmp/plelab-data --no-progress"
 STUDIES=(
+  "ngram|cfa42b5|studies/ngram/ngram-study.toml|runs/ngram-study|/tmp/plelab-data|$PREPARE_8K"
   "onset|8a44de1|studies/onset/deadzone-onset-h64.toml|runs/deadzone-onset/h64|/tmp/plelab-data|$PREPARE_8K"
   "onset|8a44de1|studies/onset/deadzone-onset-h32.toml|runs/deadzone-onset/h32|/tmp/plelab-data|$PREPARE_8K"
 )
