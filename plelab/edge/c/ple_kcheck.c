@@ -163,7 +163,14 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
             uint32_t scale_at = dtype == PLE_INT8 ? n : (n + 1) / 2, rec = scale_at + 2 + rng(&s) % 3;
             uint32_t nrec = 1 + rng(&s) % 16;
             for (uint32_t i = 0; i < nrec * rec; i++) codes[i] = (uint8_t)rng(&s);
-            for (uint32_t r = 0; r < nrec; r++) codes[r * rec + scale_at + 1] = (uint8_t)(0x10 + rng(&s) % 0x40);
+            /* positive scales, never zero (a zero sum times a negative scale, or a negative sum times zero, is -0 in
+             * the row walkers, +0 in ple_kdot's 0 + isum * s), some subnormal, some near fp16's largest */
+            for (uint32_t r = 0; r < nrec; r++) {
+                uint32_t v = rng(&s), pick = v % 8, low = (v >> 8) & 3;
+                /* exponent 0 (a mantissa of 256 or more), 30, or 4..19 */
+                uint32_t top = pick == 0 ? 1 + low % 3 : pick == 1 ? 0x78 | low : 0x10 + (v >> 8) % 0x40;
+                codes[r * rec + scale_at + 1] = (uint8_t)top;
+            }
             ple_kdot_rows(rows_out, dtype, codes, codes + scale_at, rec, nrec, n, &a);
             for (uint32_t r = 0; r < nrec; r++)
                 check(out, c, rows_out[r], reference(dtype, codes + r * rec, codes + r * rec + scale_at, n, 0, n, &a));
