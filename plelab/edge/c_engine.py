@@ -23,11 +23,12 @@ from plelab.util.cbuild import CBuildError, c_compiler, cache_dir
 
 C_DIR = Path(__file__).with_name("c")
 LIBRARY = ("ple_format.c", "ple_storage.c", "ple_device.c", "ple_model.c", "ple_int_kernels.c", "ple_ngram.c")
-HEADERS = ("ple.h", "ple_float_simd.h", "ple_int_kernels.h", "ple_kcheck.h", "devices.inc", "ple_mutate.h")
+HEADERS = ("ple.h", "ple_float_simd.h", "ple_int_kernels.h", "ple_kcheck.h", "ple_tanh.h", "devices.inc",
+           "ple_mutate.h")
 # program -> its sources besides LIBRARY (plektest: the integer kernels' self-check, ple_kcheck.h; plengram: the
-# n-gram hash on given inputs)
+# n-gram hash on given inputs; pletanh: the integer tanh, ple_tanh.h, against the double-precision one)
 PROGRAMS = {"plerun": ("plerun.c",), "plefuzz": ("plefuzz.c",), "plektest": ("plektest.c", "ple_kcheck.c"),
-            "plengram": ("plengram.c",)}
+            "plengram": ("plengram.c",), "pletanh": ("pletanh.c",)}
 # fp-contract: let a * b + c become one fused multiply-add (C99 mode turns it off; +40% int4 tok/s here)
 BASE_FLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Wall -Wextra -ffp-contract=fast"
 SANITIZE = "-O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
@@ -61,7 +62,7 @@ def compile_flags(cflags: str = "-O3 -march=native", openmp: bool = False, sanit
 
 def build(cflags: str = "-O3 -march=native", openmp: bool = False, sanitize: bool = False,
           program: str = "plerun") -> Path:
-    """Compile `program` (plerun, plefuzz or plektest) if its cached binary is missing; returns the binary's path."""
+    """Compile `program` (a key of PROGRAMS) if its cached binary is missing; returns the binary's path."""
     cc = compiler()
     flags = compile_flags(cflags, openmp, sanitize)
     try:

@@ -175,6 +175,38 @@ static inline __attribute__((always_inline)) int32_t kseg_i4(const uint8_t *wb, 
     return sum - 8 * (prefix[(x0 + n) / 8] - prefix[x0 / 8]);
 }
 
+/* The exact sum of code_i q[x0 + i] over any n values (x0 even) whose codes start at byte wb, first code in its low
+ * nibble: the whole blocks of eight around them against X0, each word joined from two aligned ones at any byte
+ * offset, the codes outside the run set to code 0 before the bias (they add 8 q, which the blocks' prefix sums take
+ * out with the rest). It reads up to the end of the block of eight that holds the run's last value, and a word past
+ * that: callers keep it off a matrix's last row. Rows whose length is not a multiple of eight (a SwiGLU `down` of
+ * 66 columns: rows at odd byte offsets, group boundaries anywhere) took ~10 instructions a value in the scalar loop;
+ * here a word of eight takes ~26. */
+#define KSEG_I4_ANY 1
+static int32_t kseg_i4_any(const uint8_t *wb, const ple_kact *a, uint32_t x0, uint32_t n) {
+    uint32_t b0 = x0 & ~7u, b1 = (x0 + n + 7) & ~7u, lead = x0 - b0, last = x0 + n - (b1 - 8);
+    const uint8_t *start = wb - lead / 2;
+    const uint32_t *w = (const uint32_t *)(const void *)((uintptr_t)start & ~(uintptr_t)3), *x = rv_x0(a) + b0 / 2;
+    unsigned shift = 8 * (unsigned)((uintptr_t)start & 3u), back = 31 - shift; /* shift 0: (hi << 1) << 31 is 0 */
+    uint32_t words = (b1 - b0) / 8, head = ~0u << (4 * lead), tail = ~0u >> (32 - 4 * last), lo = *w++, hi;
+#define RV_JOINED(v) (hi = *w++, v = lo >> shift | (hi << 1) << back, lo = hi)
+    int32_t acc = 0;
+    uint32_t j = 0, v0, v1;
+    for (; j + 2 <= words; j += 2, x += 8) {
+        RV_JOINED(v0);
+        RV_JOINED(v1);
+        if (j == 0) v0 &= head;
+        if (j + 2 == words) v1 &= tail;
+        acc += (int32_t)rv_word(rv_word(0x8000u, v0 ^ RV_BIAS, x), v1 ^ RV_BIAS, x + 4) >> 16;
+    }
+    if (j < words) {
+        RV_JOINED(v0);
+        acc += (int32_t)rv_word(0x8000u, (v0 & tail & (j ? ~0u : head)) ^ RV_BIAS, x) >> 16;
+    }
+#undef RV_JOINED
+    return acc - 8 * (rv_prefix(a)[b1 / 8] - rv_prefix(a)[b0 / 8]);
+}
+
 /* Rows four at a time: a tied head's records (krows_i4) and a dense matrix's rows (kdense_i4). Each activation word
  * loaded serves four rows, and so does the loop's bookkeeping; a sum starts at its chunk's value, 2^15 - 8 sum(q) *
  * 2^16, so its high half holds code * q itself and 32 products (RV_CHUNK words) go between reads. A head's four rows
@@ -917,6 +949,10 @@ static inline __attribute__((always_inline)) void dense32(float *out, int dtype,
                 isum = (float)kseg_i4(codes + e / 2, a, x0, take);
             else if (dtype == PLE_INT8 && x0 % ALIGN_I8 == 0 && take % ALIGN_I8 == 0 && take <= PLE_KCHUNK)
                 isum = (float)kseg_i8((const int8_t *)codes + e, a, x0, take);
+#ifdef KSEG_I4_ANY /* any other piece of a row but the last's (it reads past the piece's end) */
+            else if (dtype == PLE_INT4 && !(e & 1) && !(x0 & 1) && take <= PLE_KCHUNK && r + 1 < r1)
+                isum = (float)kseg_i4_any(codes + e / 2, a, x0, take);
+#endif
             else
                 isum = seg_sum(dtype, codes, e, take, x0, a);
             sum += isum * ple_f16(scales + 2 * g);
@@ -989,6 +1025,14 @@ void ple_kdot_pick(float *out, int dtype, const uint8_t *codes, const uint8_t *s
  * by x86 compilers: the 32k-entry head made the one-lane scan cost ~4% of a token), then a search for its first
  * occurrence; on cores without float vectors (RISC-V, Cortex-M without Helium) one scan. With Helium (float MVE) four lanes of VMAXNM, then a vector search; v[0] NaN returns 0 as the scan
  * does (VMAXNM would skip it), any other NaN is skipped by both. */
+#if defined(__riscv) && defined(__riscv_flen)
+static inline float rv_fmax(float a, float b) { /* GCC 12 makes fmaxf a library call */
+    float r;
+    __asm__("fmax.s %0, %1, %2" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+#endif
+
 uint32_t ple_argmax(const float *v, uint32_t n) {
 #if PLE_IKERNEL == PLE_KERNEL_HELIUM && (__ARM_FEATURE_MVE & 2)
     if (!(v[0] == v[0])) return 0;
@@ -1001,6 +1045,29 @@ uint32_t ple_argmax(const float *v, uint32_t n) {
         if (vcmpeqq_n_f32(vld1q_f32(v + i), best)) break;
     for (; i < n && !(v[i] == best); i++) continue;
     return i < n ? i : 0;
+#elif defined(__riscv) && defined(__riscv_flen)
+    /* RISC-V with a float unit, no lanes: each block of 16 values' maximum by FMAX.S (it returns the other operand for
+     * a NaN, as the scan's compare skips one), the first block whose maximum is the largest, and in it the first value
+     * equal to that; about two instructions a value, where a compare-and-branch scan takes four. -0 and +0 compare
+     * equal, so the first zero of a block is found whichever FMAX kept. A NaN at v[0] returns 0, as the scan does. */
+    if (!(v[0] == v[0])) return 0;
+    float best = v[0];
+    uint32_t block = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const float *p = v + i;
+        float m0 = rv_fmax(p[0], p[1]), m1 = rv_fmax(p[2], p[3]), m2 = rv_fmax(p[4], p[5]), m3 = rv_fmax(p[6], p[7]);
+        m0 = rv_fmax(m0, rv_fmax(p[8], p[9])), m1 = rv_fmax(m1, rv_fmax(p[10], p[11]));
+        m2 = rv_fmax(m2, rv_fmax(p[12], p[13])), m3 = rv_fmax(m3, rv_fmax(p[14], p[15]));
+        float top = rv_fmax(rv_fmax(m0, m1), rv_fmax(m2, m3));
+        if (top > best) best = top, block = i;
+    }
+    uint32_t at = 0;
+    int in_tail = 0;
+    for (; i < n; i++) /* the values after the last whole block: a plain scan */
+        if (v[i] > best) best = v[i], at = i, in_tail = 1;
+    if (in_tail) return at;
+    for (i = block; !(v[i] == best); i++) continue;
+    return i;
 #elif defined(__riscv) || (defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M')
     /* no vector unit to give the lanes to: one pass, the first maximum kept (a NaN never compares greater) */
 #ifdef PLE_SOFT_FLOAT

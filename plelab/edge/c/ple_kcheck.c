@@ -79,6 +79,31 @@ static void check_f16(ple_kcheck_result *out, uint32_t c) {
     }
 }
 
+/* ple_argmax (each build's own: a block-maximum pass on RISC-V F, lanes on Helium, integer compares on soft float)
+ * against the plain scan it must equal: the first index of the largest value, a NaN never larger, v[0] NaN giving 0.
+ * Values from a set of eight so that ties are common, with -0 and +0, NaNs, and lengths around the 16-value blocks;
+ * v (PLE_KCHECK_MAXN floats) is scratch. */
+static void check_argmax(ple_kcheck_result *out, uint32_t c, uint32_t *s, float *v) {
+    static const float pool[8] = {-3.0f, -1.0f, -0.0f, 0.0f, 0.5f, 2.0f, 2.5f, 1e30f};
+    uint32_t nan_bits = 0x7fc00000u;
+    float nan;
+    memcpy(&nan, &nan_bits, 4);
+    for (uint32_t k = 0; k < 400; k++) {
+        uint32_t n = 1 + (k < 100 ? k : rng(s) % (k < 300 ? 70 : 600)), top = 2 + k % 7; /* values from pool[0..top) */
+        for (uint32_t i = 0; i < n; i++) v[i] = pool[rng(s) % top];
+        if (k % 3 == 0) v[rng(s) % n] = nan;
+        if (k % 17 == 0) v[0] = nan;
+        uint32_t want = 0;
+        if (v[0] == v[0])
+            for (uint32_t i = 1; i < n; i++)
+                if (v[i] > v[want]) want = i;
+        uint32_t got = ple_argmax(v, n);
+        if (got != want && !out->mismatches++) out->first_bad = c;
+        out->digest = fnv(out->digest, &got, 4);
+    }
+    out->cases += 400;
+}
+
 void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck_result *out) {
     static const uint32_t groups[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 64, 96, 100, 127, 128, 200};
     const uint32_t maxn = PLE_KCHECK_MAXN;
@@ -93,6 +118,7 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
     memset(out, 0, sizeof *out);
     out->digest = 2166136261u;
     check_f16(out, cases);
+    check_argmax(out, cases, &s, x);
     for (int32_t v = -(1 << 17); v <= 1 << 17; v++) check(out, cases, PLE_I2F(v), (float)v); /* the model's (float)v */
     for (uint32_t c = 0; c < cases; c++) {
         int dtype = rng(&s) & 1 ? PLE_INT4 : PLE_INT8;
