@@ -90,6 +90,24 @@ def pairs_by_size(shapes: dict[str, dict[str, Any]]) -> list[tuple[int, str, str
     return out
 
 
+LONGCAT_TESTS = ("ngram_vs_token_4", "ngram_vs_token_16")
+"""The registered tests the LongCat reading (an n-gram table >= the token table of the same size) combines."""
+LONGCAT_RULE = ("registered in the plan's header: HIT when ngram_vs_token_4 and ngram_vs_token_16 are each better "
+                "(within margin or not) or equivalent, the n-gram table not worse at either size; MISS when either "
+                "is worse, within margin or not (the write-up's dated clarification: a resolved loss to the token "
+                "table); unresolved otherwise")
+
+
+def longcat_reading(outcomes: dict[str, str]) -> str:
+    """The LongCat reading from the registered tests' outcomes: "hit", "miss" or "unresolved" (LONGCAT_RULE)."""
+    got = [outcomes.get(name, "not resolved") for name in LONGCAT_TESTS]
+    if any(o in ("worse", "worse, within margin") for o in got):
+        return "miss"
+    if all(o in ("better", "better, within margin", "equivalent") for o in got):
+        return "hit"
+    return "unresolved"
+
+
 def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
     """The study's analysis from its records alone (plan verdicts, gains, per-domain n-gram minus token)."""
     finals = seed_keys(rec["finals"])
@@ -104,6 +122,11 @@ def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
                 "overall": {m: paired_metric(finals, n, t, m, margin) for m in (HELDOUT_DOMAIN, MACRO)},
                 "domains": {d: paired_metric(finals, n, t, d, None) for d in domains}}
                for dim, t, n in pairs_by_size(shapes)]
+    results = {r["name"]: r["outcome"] for r in ((plan or {}).get("evaluation") or {}).get("results", [])}
+    longcat = None
+    if all(name in results for name in LONGCAT_TESTS):
+        longcat = {"reading": longcat_reading(results), "rule": LONGCAT_RULE,
+                   "outcomes": {name: results[name] for name in LONGCAT_TESTS}}
     return {"sweep": rec["sweep"], "baseline": base, "variants": rec["variants"], "shapes": shapes,
             "gains": gains, "ngram_vs_token": by_size, "domains": domains, "margin": margin, "plan": plan,
-            "counts": rec["counts"], "total_runs": rec["total_runs"]}
+            "longcat": longcat, "counts": rec["counts"], "total_runs": rec["total_runs"]}

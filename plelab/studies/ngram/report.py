@@ -57,12 +57,26 @@ def domain_blocks(a: dict[str, Any]) -> list[Block]:
     return out
 
 
+def longcat_blocks(a: dict[str, Any]) -> list[Block]:
+    """The registered LongCat reading, combined from its two tests' outcomes (absent when the plan lacks them)."""
+    lc = a.get("longcat")
+    if not lc:
+        return []
+    parts = ", ".join(f"{name}: {outcome}" for name, outcome in lc["outcomes"].items())
+    done = a["counts"].get("done", 0)
+    interim = "" if done == a["total_runs"] else f", interim at {done} of {a['total_runs']} runs"
+    return [("p", f"**LongCat reading (n-gram >= token){interim}: {lc['reading'].upper()}** ({parts}). Rule: "
+                  f"{lc['rule']}." + (" An interim reading is no result: the registered size is all the runs."
+                                       if interim else ""))]
+
+
 def ngram_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     """The whole report."""
     counts = ", ".join(f"{n} {k}" for k, n in sorted(a["counts"].items()))
     blocks: list[Block] = [("h", 1, f"N-gram study: {a['sweep']}"),
                            ("p", f"Runs: {counts} of {a['total_runs']}. Baseline: `{a['baseline']}` (dP = 0).")]
     blocks += plan_blocks(a["plan"])
+    blocks += longcat_blocks(a)
     if (a["plan"] or {}).get("power"):
         blocks += power_blocks(a["plan"]["power"])
     blocks += gain_blocks(a) + domain_blocks(a)
@@ -130,5 +144,9 @@ def write_ngram_report(analysis: dict[str, Any], out_dir: str | Path, *, overwri
 def ngram_summary(a: dict[str, Any]) -> list[str]:
     """Lines `plelab report` prints: the registered outcomes, one per test."""
     ev = (a.get("plan") or {}).get("evaluation") or {}
-    return [f"{r['name']}: {r['outcome']} (predicted {r['predicted'] or '-'}: {r['prediction'] or '-'})"
-            for r in ev.get("results", [])]
+    lines = [f"{r['name']}: {r['outcome']} (predicted {r['predicted'] or '-'}: {r['prediction'] or '-'})"
+             for r in ev.get("results", [])]
+    if a.get("longcat"):
+        interim = "" if a["counts"].get("done", 0) == a["total_runs"] else " (interim: the study is not complete)"
+        lines.append(f"LongCat reading (n-gram >= token): {a['longcat']['reading']}{interim}")
+    return lines

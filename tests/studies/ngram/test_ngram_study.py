@@ -58,3 +58,35 @@ def test_table_shape_counts_the_built_model():
     cfg.ple.dim = 8
     token = table_shape(to_dict(cfg))
     assert token["table_params"] == 512 * 2 * 8 and token["rows_read_per_token"] == 1
+
+
+@pytest.mark.parametrize("at4, at16, reading", [
+    ("better", "equivalent", "hit"),
+    ("better, within margin", "better", "hit"),
+    ("equivalent", "equivalent", "hit"),
+    ("worse", "better", "miss"),
+    ("better", "worse, within margin", "miss"),          # a resolved loss, however small, is a miss
+    ("worse, within margin", "not resolved", "miss"),
+    ("better", "not resolved", "unresolved"),
+    ("not resolved", "not resolved", "unresolved"),
+])
+def test_the_longcat_reading_follows_its_registered_rule(at4, at16, reading):
+    from plelab.studies.ngram.analysis import longcat_reading
+
+    assert longcat_reading({"ngram_vs_token_4": at4, "ngram_vs_token_16": at16}) == reading
+
+
+def test_the_report_states_the_longcat_reading_from_the_two_tests(tmp_path, capsys):
+    tests = [{"name": name, "variant": "mglu", "reference": "token4", "metric": "val", "predicted": "better",
+              "hits": ["better", "better, within margin"]} for name in ("ngram_vs_token_4", "ngram_vs_token_16")]
+    plan = {"plan": {"name": "ngram-test", "margin": 0.01, "comparisons": tests}}
+    folder = fake_study(tmp_path / "s", VARIANTS, done=("swiglu", "token4", "mglu"), plan=plan)
+    assert main(["report", str(folder), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    # n-gram minus token is exactly 0 seed by seed: each test "equivalent" (a miss for its own "better"
+    # prediction) and the reading, whose hit is "not worse", a hit
+    assert a["longcat"]["outcomes"] == {"ngram_vs_token_4": "equivalent", "ngram_vs_token_16": "equivalent"}
+    assert a["longcat"]["reading"] == "hit"
+    assert "LongCat reading (n-gram >= token): HIT" in (folder / "report.md").read_text()
+    assert main(["report", str(folder)]) == 0
+    assert "LongCat reading (n-gram >= token): hit" in capsys.readouterr().out
