@@ -179,7 +179,7 @@ static inline __attribute__((always_inline)) int32_t kseg_i4(const uint8_t *wb, 
  * nibble: the whole blocks of eight around them against X0, each word joined from two aligned ones at any byte
  * offset, the codes outside the run set to code 0 before the bias (they add 8 q, which the blocks' prefix sums take
  * out with the rest). It reads up to the end of the block of eight that holds the run's last value, and a word past
- * that: callers keep it off a matrix's last row. Rows whose length is not a multiple of eight (a SwiGLU `down` of
+ * that, so up to 8 bytes after the run: callers keep it to rows followed by a whole row of at least 8 bytes. Rows whose length is not a multiple of eight (a SwiGLU `down` of
  * 66 columns: rows at odd byte offsets, group boundaries anywhere) took ~10 instructions a value in the scalar loop;
  * here a word of eight takes ~26. */
 #define KSEG_I4_ANY 1
@@ -940,6 +940,9 @@ static inline __attribute__((always_inline)) void dense32(float *out, int dtype,
         }
         return;
     }
+#ifdef KSEG_I4_ANY
+    uint32_t any_end = cols >= 16 ? r1 - 1 : r0; /* rows kseg_i4_any may take (see there) */
+#endif
     for (uint32_t r = r0; r < r1; r++) {
         float sum = 0;
         for (uint32_t x0 = 0; x0 < cols;) { /* the same segments, in the same order, as ple_kdot */
@@ -949,8 +952,8 @@ static inline __attribute__((always_inline)) void dense32(float *out, int dtype,
                 isum = (float)kseg_i4(codes + e / 2, a, x0, take);
             else if (dtype == PLE_INT8 && x0 % ALIGN_I8 == 0 && take % ALIGN_I8 == 0 && take <= PLE_KCHUNK)
                 isum = (float)kseg_i8((const int8_t *)codes + e, a, x0, take);
-#ifdef KSEG_I4_ANY /* any other piece of a row but the last's (it reads past the piece's end) */
-            else if (dtype == PLE_INT4 && !(e & 1) && !(x0 & 1) && take <= PLE_KCHUNK && r + 1 < r1)
+#ifdef KSEG_I4_ANY /* any other piece of a row followed by a row of 16 values or more (it reads 8 bytes on) */
+            else if (dtype == PLE_INT4 && !(e & 1) && !(x0 & 1) && take <= PLE_KCHUNK && r < any_end)
                 isum = (float)kseg_i4_any(codes + e / 2, a, x0, take);
 #endif
             else
