@@ -53,12 +53,15 @@ def non_embedding_params(model: dict[str, Any]) -> tuple[int, int]:
 def width_records(folder: Path) -> dict[str, Any]:
     """One width's plain data: its plan inputs, finished runs (seed, dP, model) and held-out timelines."""
     with SweepStore(folder / DB_FILE, readonly=True) as store:
-        runs = [r for r in store.runs() if r["status"] == "done"]
+        every = store.runs()
+        runs = [r for r in every if r["status"] == "done"]
         timeline = store.timeline()
         name = store.meta().get("name", folder.name)
-    model = runs[0]["config"]["model"] if runs else {}
-    total, non_embedding = non_embedding_params(model) if runs else (0, 0)
+    # the width's shape from any run's config (every run of a width shares it), so a sweep not yet run has its H
+    model = next((r["config"]["model"] for r in every if (r.get("config") or {}).get("model")), {})
+    total, non_embedding = non_embedding_params(model) if model else (0, 0)
     return {"sweep": name, "hidden_size": model.get("hidden_size"), "params": total, "non_embedding": non_embedding,
+            "total_runs": len(every),
             "runs": [{"name": r["name"], "seed": r["seed"], "ple_dim": r["ple_dim"], "tokens": r["tokens"]}
                      for r in runs],
             "timelines": {r["name"]: [{"step": p["step"], "tokens": p["tokens"],
@@ -99,14 +102,46 @@ def timeline_gains(width: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+SMALL_STEPS = ("gain_dp1", "doubling_1_to_2")
+"""The registered tests of the smallest table and its first doubling, which the dead-zone reading needs equivalent."""
+PAYS = ("better", "better, within margin")
+READING_RULE = ("registered in each width's plan header: HIT when gain_dp1 and doubling_1_to_2 are equivalent and "
+                "every larger doubling pays (better, within the margin or not); MISS when gain_dp1 or doubling_1_to_2 "
+                "pays (a resolved gain, within the margin or not); unresolved otherwise")
+
+
+def deadzone_reading(outcomes: dict[str, str]) -> str | None:
+    """A width's registered dead-zone reading from its tests' outcomes: "hit", "miss" or "unresolved"
+    (READING_RULE); None when the plan lacks the tests it combines."""
+    large = [name for name in outcomes if name.startswith("doubling_") and name not in SMALL_STEPS]
+    if not large or any(name not in outcomes for name in SMALL_STEPS):
+        return None
+    small = [outcomes[name] for name in SMALL_STEPS]
+    if any(o in PAYS for o in small):
+        return "miss"
+    if all(o == "equivalent" for o in small) and all(outcomes[name] in PAYS for name in large):
+        return "hit"
+    return "unresolved"
+
+
+def _reading(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    results = {r["name"]: r["outcome"] for r in ((plan or {}).get("evaluation") or {}).get("results", [])}
+    reading = deadzone_reading(results)
+    return None if reading is None else {"reading": reading, "rule": READING_RULE, "outcomes": results}
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
     """Per width: its plan's verdicts, its parameter counts and its timeline gains."""
-    return {"folder": rec["folder"], "widths": [
-        {"sweep": w["sweep"], "hidden_size": w["hidden_size"], "params": w["params"],
-         "non_embedding": w["non_embedding"], "runs_done": len(w["runs"]),
-         "final_tokens": max((r["tokens"] or 0 for r in w["runs"]), default=0),
-         "plan": plan_from_inputs(w["plan_inputs"]), "gains": timeline_gains(w)} for w in rec["widths"]]}
+    widths = []
+    for w in rec["widths"]:
+        plan = plan_from_inputs(w["plan_inputs"])
+        widths.append({"sweep": w["sweep"], "hidden_size": w["hidden_size"], "params": w["params"],
+                       "non_embedding": w["non_embedding"], "runs_done": len(w["runs"]),
+                       "total_runs": w.get("total_runs"),
+                       "final_tokens": max((r["tokens"] or 0 for r in w["runs"]), default=0),
+                       "plan": plan, "reading": _reading(plan), "gains": timeline_gains(w)})
+    return {"folder": rec["folder"], "widths": widths}

@@ -22,6 +22,22 @@ def gain_table(w: dict[str, Any]) -> Block:
                       "seeds", "gain over dP = 0 (95 % CI)"], rows)
 
 
+def _interim(w: dict[str, Any]) -> str:
+    total = w.get("total_runs")
+    return "" if total and w["runs_done"] >= total else f", interim at {w['runs_done']} of {total or '?'} runs"
+
+
+def reading_blocks(w: dict[str, Any]) -> list[Block]:
+    """A width's registered dead-zone reading, combined from its tests' outcomes (absent when the plan lacks them)."""
+    r = w.get("reading")
+    if not r:
+        return []
+    interim = _interim(w)
+    return [("p", f"**Dead-zone reading at H = {w['hidden_size']}{interim}: {r['reading'].upper()}**. Rule: "
+                  f"{r['rule']}." + (" An interim reading is no result: the registered size is all the runs."
+                                     if interim else ""))]
+
+
 def onset_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     """The whole report."""
     blocks: list[Block] = [("h", 1, "Where the dead zone begins"),
@@ -34,7 +50,7 @@ def onset_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     for w in a["widths"]:
         blocks += [("h", 2, f"H = {w['hidden_size']} ({w['sweep']}: {w['runs_done']} runs done; "
                             f"{w['params']:,} parameters, {w['non_embedding']:,} without the embedding)")]
-        blocks += plan_blocks(w["plan"])
+        blocks += plan_blocks(w["plan"]) + reading_blocks(w)
         if w["gains"]:
             blocks += [("h", 3, "Gain against tokens (description)"), gain_table(w)]
     if "gain_vs_tokens" in figures:
@@ -85,4 +101,6 @@ def onset_summary(a: dict[str, Any]) -> list[str]:
         for r in ((w["plan"] or {}).get("evaluation") or {}).get("results", []):
             out.append(f"H={w['hidden_size']} {r['name']}: {r['outcome']} (predicted {r['predicted'] or '-'}: "
                        f"{r['prediction'] or '-'})")
+        if w.get("reading"):
+            out.append(f"H={w['hidden_size']} dead-zone reading: {w['reading']['reading']}{_interim(w)}")
     return out

@@ -63,3 +63,20 @@ def test_the_round_reports_each_width_and_the_gain_against_tokens_per_parameter(
     assert (tmp_path / "round" / "plots" / "gain_vs_tokens.png").is_file()
     assert main(["report", str(tmp_path / "round" / "records.json"), "--out", str(tmp_path / "again"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["widths"] == a["widths"]
+
+
+@pytest.mark.parametrize("outcomes, reading", [
+    ({"gain_dp1": "equivalent", "doubling_1_to_2": "equivalent", "doubling_2_to_4": "better",
+      "doubling_4_to_16": "better, within margin"}, "hit"),
+    ({"gain_dp1": "better, within margin", "doubling_1_to_2": "equivalent", "doubling_2_to_4": "better",
+      "doubling_4_to_16": "better"}, "miss"),      # a resolved gain below the margin is still a gain
+    ({"gain_dp1": "equivalent", "doubling_1_to_2": "better", "doubling_2_to_8": "better"}, "miss"),
+    ({"gain_dp1": "equivalent", "doubling_1_to_2": "not resolved", "doubling_2_to_8": "better"}, "unresolved"),
+    ({"gain_dp1": "equivalent", "doubling_1_to_2": "equivalent", "doubling_2_to_8": "not resolved"}, "unresolved"),
+    ({"gain_dp1": "equivalent", "doubling_1_to_2": "worse", "doubling_2_to_8": "better"}, "unresolved"),
+    ({"gain_dp1": "equivalent"}, None),            # the plan lacks the tests the reading combines
+])
+def test_the_dead_zone_reading_follows_its_registered_rule(outcomes, reading):
+    from plelab.studies.onset.analysis import deadzone_reading
+
+    assert deadzone_reading(outcomes) == reading
