@@ -117,3 +117,16 @@ def strict_seeds(row: dict[str, Any]) -> str:
     if not strict.get("effect"):
         return "-"
     return str(strict.get("seeds_for_effect") or "> 500")
+
+
+def reading_block(title: str, reading: str, rule: str, done: int, total: int | None, detail: str = "") -> Block:
+    """A registered reading (several tests combined by a rule written in the plan) as one paragraph, labelled
+    interim while the study's runs are not all in."""
+    interim = "" if total and done >= total else f", interim at {done} of {total or '?'} runs"
+    return ("p", f"**{title}{interim}: {reading.upper()}**{f' ({detail})' if detail else ''}. Rule: {rule}."
+                 + (" An interim reading is no result: the registered size is all the runs." if interim else ""))
+
+
+def interim_note(done: int, total: int | None) -> str:
+    """'' when every run is in, else ' (interim: N of M runs)' for a one-line summary."""
+    return "" if total and done >= total else f" (interim: {done} of {total or '?'} runs)"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from plelab.data.prepare import HELDOUT_DOMAIN
-from plelab.experiments.plan_report import plan_blocks, power_blocks
+from plelab.experiments.plan_report import interim_note, plan_blocks, power_blocks, reading_block
 from plelab.util.pages import Block, fmt, write_pages
 
 METRIC_NAMES = {HELDOUT_DOMAIN: "held-out split", "macro": "macro over the 16 domains"}
@@ -63,11 +63,8 @@ def longcat_blocks(a: dict[str, Any]) -> list[Block]:
     if not lc:
         return []
     parts = ", ".join(f"{name}: {outcome}" for name, outcome in lc["outcomes"].items())
-    done = a["counts"].get("done", 0)
-    interim = "" if done == a["total_runs"] else f", interim at {done} of {a['total_runs']} runs"
-    return [("p", f"**LongCat reading (n-gram >= token){interim}: {lc['reading'].upper()}** ({parts}). Rule: "
-                  f"{lc['rule']}." + (" An interim reading is no result: the registered size is all the runs."
-                                       if interim else ""))]
+    return [reading_block("LongCat reading (n-gram >= token)", lc["reading"], lc["rule"], a["counts"].get("done", 0),
+                          a["total_runs"], parts)]
 
 
 def ngram_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
@@ -147,6 +144,6 @@ def ngram_summary(a: dict[str, Any]) -> list[str]:
     lines = [f"{r['name']}: {r['outcome']} (predicted {r['predicted'] or '-'}: {r['prediction'] or '-'})"
              for r in ev.get("results", [])]
     if a.get("longcat"):
-        interim = "" if a["counts"].get("done", 0) == a["total_runs"] else " (interim: the study is not complete)"
-        lines.append(f"LongCat reading (n-gram >= token): {a['longcat']['reading']}{interim}")
+        lines.append(f"LongCat reading (n-gram >= token): {a['longcat']['reading']}"
+                     f"{interim_note(a['counts'].get('done', 0), a['total_runs'])}")
     return lines

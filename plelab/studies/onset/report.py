@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plelab.experiments.plan_report import plan_blocks
+from plelab.experiments.plan_report import interim_note, plan_blocks, reading_block
 from plelab.util.pages import Block, fmt, write_pages
 
 
@@ -22,20 +22,13 @@ def gain_table(w: dict[str, Any]) -> Block:
                       "seeds", "gain over dP = 0 (95 % CI)"], rows)
 
 
-def _interim(w: dict[str, Any]) -> str:
-    total = w.get("total_runs")
-    return "" if total and w["runs_done"] >= total else f", interim at {w['runs_done']} of {total or '?'} runs"
-
-
 def reading_blocks(w: dict[str, Any]) -> list[Block]:
     """A width's registered dead-zone reading, combined from its tests' outcomes (absent when the plan lacks them)."""
     r = w.get("reading")
     if not r:
         return []
-    interim = _interim(w)
-    return [("p", f"**Dead-zone reading at H = {w['hidden_size']}{interim}: {r['reading'].upper()}**. Rule: "
-                  f"{r['rule']}." + (" An interim reading is no result: the registered size is all the runs."
-                                     if interim else ""))]
+    return [reading_block(f"Dead-zone reading at H = {w['hidden_size']}", r["reading"], r["rule"], w["runs_done"],
+                          w.get("total_runs"))]
 
 
 def onset_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
@@ -102,5 +95,6 @@ def onset_summary(a: dict[str, Any]) -> list[str]:
             out.append(f"H={w['hidden_size']} {r['name']}: {r['outcome']} (predicted {r['predicted'] or '-'}: "
                        f"{r['prediction'] or '-'})")
         if w.get("reading"):
-            out.append(f"H={w['hidden_size']} dead-zone reading: {w['reading']['reading']}{_interim(w)}")
+            out.append(f"H={w['hidden_size']} dead-zone reading: {w['reading']['reading']}"
+                       f"{interim_note(w['runs_done'], w.get('total_runs'))}")
     return out
