@@ -426,10 +426,11 @@ static void rv_head_sums(int32_t *isum, const uint8_t *codes, size_t stride, con
  * still a normal float, for an fp16 exponent of 1..30), and xs times 2^112 (exact for |xs| < 2^16) gives that back,
  * so the two products are the same real numbers, rounded alike. Other scales go the plain way. */
 static inline __attribute__((always_inline)) float rv_scaled_x(int32_t isum, const uint8_t *sc, float xs,
-                                                               float xs112) {
+                                                               float xs112, int plain) {
     uint16_t h;
     memcpy(&h, __builtin_assume_aligned(sc, 2), 2);
-    if (((uint32_t)h << 17) - (1u << 27) >= (30u << 27)) return PLE_SCALED_X(isum, sc, xs); /* exponent 0 or 31 */
+    /* exponent 0 or 31; a zero scale (the one exponent-0 case `plain` admits) comes out exactly either way */
+    if (!plain && ((uint32_t)h << 17) - (1u << 27) >= (30u << 27)) return PLE_SCALED_X(isum, sc, xs);
     uint32_t u = (uint32_t)((int32_t)((uint32_t)h << 16) >> 3) & 0x8fffffffu; /* sign, then the exponent and mantissa */
     float f;
     memcpy(&f, &u, 4);
@@ -445,25 +446,39 @@ static inline __attribute__((always_inline)) float rv_scaled_x(int32_t isum, con
 #else
 #define RV_SCALE_LINKAGE static
 #endif
+#ifndef PLE_SOFT_FLOAT
+/* rv_scale_rows' fast loops, for `plain` a constant where it is called (so each copy is specialised) */
+static inline __attribute__((always_inline)) void rv_scale_fast(float *out, const int32_t *isum, const uint8_t *sc,
+                                                                size_t stride, const uint32_t *idx, uint32_t take,
+                                                                float xs, float xs112, int plain) {
+    if (idx)
+        for (uint32_t r = 0; r < take; r++) out[r] = rv_scaled_x(isum[r], sc + idx[r] * stride, xs, xs112, plain);
+    else { /* four a pass: the loop's bookkeeping once */
+        uint32_t r = 0;
+        for (; r + 4 <= take; r += 4, sc += 4 * stride) {
+            out[r] = rv_scaled_x(isum[r], sc, xs, xs112, plain);
+            out[r + 1] = rv_scaled_x(isum[r + 1], sc + stride, xs, xs112, plain);
+            out[r + 2] = rv_scaled_x(isum[r + 2], sc + 2 * stride, xs, xs112, plain);
+            out[r + 3] = rv_scaled_x(isum[r + 3], sc + 3 * stride, xs, xs112, plain);
+        }
+        for (; r < take; r++, sc += stride) out[r] = rv_scaled_x(isum[r], sc, xs, xs112, plain);
+    }
+}
+#endif
+
 RV_SCALE_LINKAGE void rv_scale_rows(float *out, const int32_t *isum, const uint8_t *sc, size_t stride,
-                                    const uint32_t *idx, uint32_t take, float xs) {
+                                    const uint32_t *idx, uint32_t take, float xs, int plain) {
 #ifndef PLE_SOFT_FLOAT
     if (xs < 0x1p16f && xs > -0x1p16f && !(((uintptr_t)sc | stride) & 1)) {
         float xs112 = xs * 0x1p112f;
-        if (idx)
-            for (uint32_t r = 0; r < take; r++) out[r] = rv_scaled_x(isum[r], sc + idx[r] * stride, xs, xs112);
-        else { /* four a pass: the loop's bookkeeping once */
-            uint32_t r = 0;
-            for (; r + 4 <= take; r += 4, sc += 4 * stride) {
-                out[r] = rv_scaled_x(isum[r], sc, xs, xs112);
-                out[r + 1] = rv_scaled_x(isum[r + 1], sc + stride, xs, xs112);
-                out[r + 2] = rv_scaled_x(isum[r + 2], sc + 2 * stride, xs, xs112);
-                out[r + 3] = rv_scaled_x(isum[r + 3], sc + 3 * stride, xs, xs112);
-            }
-            for (; r < take; r++, sc += stride) out[r] = rv_scaled_x(isum[r], sc, xs, xs112);
-        }
+        if (plain) /* the caller checked every scale (ple_scales_plain): no test per row */
+            rv_scale_fast(out, isum, sc, stride, idx, take, xs, xs112, 1);
+        else
+            rv_scale_fast(out, isum, sc, stride, idx, take, xs, xs112, 0);
         return;
     }
+#else
+    (void)plain;
 #endif
     if (idx)
         for (uint32_t r = 0; r < take; r++) out[r] = PLE_SCALED_X(isum[r], sc + idx[r] * stride, xs);
@@ -472,7 +487,7 @@ RV_SCALE_LINKAGE void rv_scale_rows(float *out, const int32_t *isum, const uint8
 }
 
 static void krows_i4(float *out, const uint8_t *codes, const uint8_t *scales, size_t stride, const uint32_t *idx,
-                     uint32_t rows, uint32_t n, const ple_kact *a) {
+                     uint32_t rows, uint32_t n, int plain, const ple_kact *a) {
     if (n != a->n) { /* shorter than the activation (X4's zeros and XW are laid out for a->n): one by one */
         for (uint32_t r = 0; r < rows; r++) {
             size_t off = (idx ? idx[r] : r) * stride;
@@ -486,10 +501,10 @@ static void krows_i4(float *out, const uint8_t *codes, const uint8_t *scales, si
         uint32_t take = rows - r0 < RV_HEAD_ROWS ? rows - r0 : RV_HEAD_ROWS;
         if (idx) {
             rv_head_sums(isum, codes, stride, idx + r0, take, n, a);
-            rv_scale_rows(out + r0, isum, scales, stride, idx + r0, take, scale);
+            rv_scale_rows(out + r0, isum, scales, stride, idx + r0, take, scale, plain);
         } else {
             rv_head_sums(isum, codes + r0 * stride, stride, NULL, take, n, a);
-            rv_scale_rows(out + r0, isum, scales + r0 * stride, stride, NULL, take, scale);
+            rv_scale_rows(out + r0, isum, scales + r0 * stride, stride, NULL, take, scale, plain);
         }
     }
 }
@@ -690,7 +705,8 @@ static inline __attribute__((always_inline)) int32_t kseg_i4(const uint8_t *wb, 
 static inline int8x16_t lo4(int8x16_t c) { return vshrq_n_s8(vshlq_n_s8(c, 4), 4); }
 
 static void krows_i4(float *out, const uint8_t *codes, const uint8_t *scales, size_t stride, const uint32_t *idx,
-                     uint32_t rows, uint32_t n, const ple_kact *a) {
+                     uint32_t rows, uint32_t n, int plain, const ple_kact *a) {
+    (void)plain; /* each row's scale goes through ple_f16 */
     const int8_t *xe = (const int8_t *)a->lay, *xo = xe + PAD16(a->cap) / 2;
     uint32_t pairs = n / 2, full = pairs / 16, rest = pairs % 16, r = 0;
     mve_pred16_t p = vctp8q(rest);
@@ -736,7 +752,8 @@ static void krows_i4(float *out, const uint8_t *codes, const uint8_t *scales, si
 
 #define KROWS_I8 1
 static void krows_i8(float *out, const uint8_t *codes, const uint8_t *scales, size_t stride, const uint32_t *idx,
-                     uint32_t rows, uint32_t n, const ple_kact *a) {
+                     uint32_t rows, uint32_t n, int plain, const ple_kact *a) {
+    (void)plain;
     uint32_t full = n / 16, rest = n % 16;
     mve_pred16_t p = vctp8q(rest);
     float scale = a->scale;
@@ -985,12 +1002,13 @@ void ple_kdot_dense(float *out, int dtype, const uint8_t *codes, const uint8_t *
 
 /* ple_kdot_rows and ple_kdot_pick: rows idx[k] (k when idx is NULL) of records `stride` apart. */
 static void rows_of(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride,
-                    const uint32_t *idx, uint32_t rows, uint32_t n, const ple_kact *a) {
+                    const uint32_t *idx, uint32_t rows, uint32_t n, int plain, const ple_kact *a) {
+    (void)plain; /* used by the kernels that take rows whole */
     /* (0 + isum * s) * scale, as ple_kdot. Rows whose length is a multiple of the kernel's alignment go straight to
      * it (the head is thousands of short rows: no per-row group walk, the kernel's setup paid once) */
     if (dtype == PLE_INT4 && n % ALIGN_I4 == 0 && n <= PLE_KCHUNK) {
 #ifdef KROWS_I4
-        krows_i4(out, codes, scales, stride, idx, rows, n, a);
+        krows_i4(out, codes, scales, stride, idx, rows, n, plain, a);
 #else
         for (uint32_t r = 0; r < rows; r++) {
             size_t off = (idx ? idx[r] : r) * stride;
@@ -999,7 +1017,7 @@ static void rows_of(float *out, int dtype, const uint8_t *codes, const uint8_t *
 #endif
     } else if (dtype == PLE_INT8 && n % ALIGN_I8 == 0 && n <= PLE_KCHUNK) {
 #ifdef KROWS_I8
-        krows_i8(out, codes, scales, stride, idx, rows, n, a);
+        krows_i8(out, codes, scales, stride, idx, rows, n, plain, a);
 #else
         for (uint32_t r = 0; r < rows; r++) {
             size_t off = (idx ? idx[r] : r) * stride;
@@ -1015,13 +1033,21 @@ static void rows_of(float *out, int dtype, const uint8_t *codes, const uint8_t *
 }
 
 void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
-                   uint32_t n, const ple_kact *a) {
-    rows_of(out, dtype, codes, scales, stride, NULL, rows, n, a);
+                   uint32_t n, int plain_scales, const ple_kact *a) {
+    rows_of(out, dtype, codes, scales, stride, NULL, rows, n, plain_scales, a);
 }
 
 void ple_kdot_pick(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride,
-                   const uint32_t *idx, uint32_t count, uint32_t n, const ple_kact *a) {
-    rows_of(out, dtype, codes, scales, stride, idx, count, n, a);
+                   const uint32_t *idx, uint32_t count, uint32_t n, int plain_scales, const ple_kact *a) {
+    rows_of(out, dtype, codes, scales, stride, idx, count, n, plain_scales, a);
+}
+
+int ple_scales_plain(const uint8_t *scales, size_t stride, uint32_t rows) {
+    for (uint32_t r = 0; r < rows; r++, scales += stride) {
+        uint32_t h = scales[0] | (uint32_t)scales[1] << 8, e = (h >> 10) & 31;
+        if (e == 31 || (e == 0 && (h & 0x3ffu))) return 0;
+    }
+    return 1;
 }
 
 /* ple_argmax (ple.h) lives here for its Helium version. On hosts a max pass in eight independent lanes (vectorised

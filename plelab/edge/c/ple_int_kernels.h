@@ -267,11 +267,16 @@ float ple_kdot(int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t 
 void ple_kdot_dense(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, uint32_t group, uint32_t r0,
                     uint32_t r1, uint32_t cols, const ple_kact *a);
 /* out[r] = ple_kdot of `rows` vectors of n <= group values each (one scale), the r-th at codes + r * stride with its
- * scale at scales + r * stride: a tied head's records, without the per-row group walk. */
+ * scale at scales + r * stride: a tied head's records, without the per-row group walk. plain_scales: 1 only when
+ * ple_scales_plain holds for these records (checked once, at open), which spares a kernel a test per row; 0 is
+ * always right. */
 void ple_kdot_rows(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride, uint32_t rows,
-                   uint32_t n, const ple_kact *a);
+                   uint32_t n, int plain_scales, const ple_kact *a);
 /* out[k] = ple_kdot_rows' result for row idx[k], k < count (the greedy head's blocks of sorted rows). */
 void ple_kdot_pick(float *out, int dtype, const uint8_t *codes, const uint8_t *scales, size_t stride,
-                   const uint32_t *idx, uint32_t count, uint32_t n, const ple_kact *a);
+                   const uint32_t *idx, uint32_t count, uint32_t n, int plain_scales, const ple_kact *a);
+/* 1 when each of `rows` fp16 scales, `stride` bytes apart, is a normal number or +-0 (no subnormal, infinity or
+ * NaN). */
+int ple_scales_plain(const uint8_t *scales, size_t stride, uint32_t rows);
 
 #endif

@@ -190,19 +190,27 @@ void ple_kcheck(uint32_t seed, uint32_t cases, FILE *emit, void *mem, ple_kcheck
             uint32_t nrec = 1 + rng(&s) % 16;
             for (uint32_t i = 0; i < nrec * rec; i++) codes[i] = (uint8_t)rng(&s);
             /* positive scales, never zero (a zero sum times a negative scale, or a negative sum times zero, is -0 in
-             * the row walkers, +0 in ple_kdot's 0 + isum * s), some subnormal, some near fp16's largest */
+             * the row walkers, +0 in ple_kdot's 0 + isum * s), some subnormal, some near fp16's largest, and one
+             * record in sixteen an infinity or NaN (exponent 31: what the per-row scale test is for) */
             for (uint32_t r = 0; r < nrec; r++) {
-                uint32_t v = rng(&s), pick = v % 8, low = (v >> 8) & 3;
-                /* exponent 0 (a mantissa of 256 or more), 30, or 4..19 */
-                uint32_t top = pick == 0 ? 1 + low % 3 : pick == 1 ? 0x78 | low : 0x10 + (v >> 8) % 0x40;
+                uint32_t v = rng(&s), pick = v % 16, low = (v >> 8) & 3;
+                /* exponent 0 (a mantissa of 256 or more), 30, 31, or 4..19 */
+                uint32_t top = pick < 2 ? 1 + low % 3 : pick < 4 ? 0x78 | low : pick == 4 ? 0x7c | low
+                                                                                          : 0x10 + (v >> 8) % 0x40;
                 codes[r * rec + scale_at + 1] = (uint8_t)top;
             }
-            ple_kdot_rows(rows_out, dtype, codes, codes + scale_at, rec, nrec, n, &a);
-            for (uint32_t r = 0; r < nrec; r++)
-                check(out, c, rows_out[r], reference(dtype, codes + r * rec, codes + r * rec + scale_at, n, 0, n, &a));
+            /* twice: with the per-row scale test, and without it where ple_scales_plain allows (most cases: a
+             * subnormal scale is one record in eight) */
+            int plain = ple_scales_plain(codes + scale_at, rec, nrec);
+            for (int pass = 0; pass <= plain; pass++) {
+                ple_kdot_rows(rows_out, dtype, codes, codes + scale_at, rec, nrec, n, pass, &a);
+                for (uint32_t r = 0; r < nrec; r++)
+                    check(out, c, rows_out[r],
+                          reference(dtype, codes + r * rec, codes + r * rec + scale_at, n, 0, n, &a));
+            }
             uint32_t idx[16]; /* rows picked out of order (the greedy head's blocks) */
             for (uint32_t k = 0; k < nrec; k++) idx[k] = (k * 7 + nrec - 1) % nrec;
-            ple_kdot_pick(rows_out, dtype, codes, codes + scale_at, rec, idx, nrec, n, &a);
+            ple_kdot_pick(rows_out, dtype, codes, codes + scale_at, rec, idx, nrec, n, plain, &a);
             for (uint32_t k = 0; k < nrec; k++)
                 check(out, c, rows_out[k],
                       reference(dtype, codes + idx[k] * rec, codes + idx[k] * rec + scale_at, n, 0, n, &a));

@@ -36,6 +36,7 @@ typedef struct {
     const ple_table *table;        /* non-NULL: each row is its own record (the tied head) */
     int present;
     uint32_t tensor; /* index in the tensor directory (bound tensors): where a routed read is tallied */
+    int plain_scales; /* a table's records: every scale normal or zero (ple_scales_plain, checked at open) */
 } qmat;
 
 typedef struct {
@@ -283,7 +284,7 @@ static void mv(ple_model *m, float *out, const qmat *w) {
             } else if (!w->table->page && w->cols <= w->group) {
                 size_t stride = w->table->stride;
                 ple_kdot_rows(out + r0, w->dtype, w->codes + r0 * stride, w->scales + r0 * stride, stride, r1 - r0,
-                              w->cols, a);
+                              w->cols, w->plain_scales, a);
             } else {
                 for (uint32_t r = r0; r < r1; r++) {
                     const uint8_t *c, *sc;
@@ -843,7 +844,9 @@ int ple_open(ple_model **out, ple_storage *st, const ple_options *opt, char *err
         }
         if (!rows) goto read_error;
         m->head = (qmat){m->embed_p->dtype, m->embed_p->group, d->vocab, d->hidden, rows + m->embed_p->codes,
-                         rows + m->embed_p->scales, m->embed_t, 1, 0};
+                         rows + m->embed_p->scales, m->embed_t, 1, 0, 0};
+        if ((m->head.dtype == PLE_INT4 || m->head.dtype == PLE_INT8) && !m->embed_t->page)
+            m->head.plain_scales = ple_scales_plain(m->head.scales, m->embed_t->stride, d->vocab);
         if (m->embed_p->dtype == PLE_FP32 && (uintptr_t)rows % 4) {
             ple_fail(err, "the embedding table is not 4-byte aligned");
             goto fail;
@@ -1160,7 +1163,7 @@ static int inputs(ple_model *m, uint32_t token, uint32_t pos) {
             rec = ple_read_record(m, m->ple_t, (uint32_t)m->ple_rows[j]);
             if (!rec) return -1;
             qmat part = {m->ple_p->dtype, m->ple_p->group, 1, m->ple_p->length, rec + m->ple_p->codes,
-                         rec + m->ple_p->scales, NULL, 1, 0};
+                         rec + m->ple_p->scales, NULL, 1, 0, 0};
             deq_row(&part, 0, S == 1 ? m->raw : m->row);
             for (uint32_t l = 0; S > 1 && l < d->n_ple_layers; l++)
                 memcpy(m->raw + (uint64_t)l * d->ple_dim + (uint64_t)j * w, m->row + (uint64_t)l * w, 4 * (size_t)w);
@@ -1168,7 +1171,7 @@ static int inputs(ple_model *m, uint32_t token, uint32_t pos) {
     }
     if (m->embed_in_ple) {
         qmat part = {m->embed_in_ple->dtype, m->embed_in_ple->group, 1, d->hidden, rec + m->embed_in_ple->codes,
-                     rec + m->embed_in_ple->scales, NULL, 1, 0};
+                     rec + m->embed_in_ple->scales, NULL, 1, 0, 0};
         deq_row(&part, 0, m->x);
     } else if (d->flags & PLE_TIE) {
         deq_row(&m->head, token, m->x);
@@ -1177,7 +1180,7 @@ static int inputs(ple_model *m, uint32_t token, uint32_t pos) {
         const uint8_t *e = ple_read_record(m, m->embed_t, token);
         if (!e) return -1;
         qmat part = {m->embed_p->dtype, m->embed_p->group, 1, d->hidden, e + m->embed_p->codes,
-                     e + m->embed_p->scales, NULL, 1, 0};
+                     e + m->embed_p->scales, NULL, 1, 0, 0};
         deq_row(&part, 0, m->x);
     }
     if (d->flags & PLE_EMBED_SCALE) {
@@ -1325,7 +1328,8 @@ static uint32_t head_argmax(ple_model *m) {
         uint32_t count = V - b * HEAD_BLOCK < HEAD_BLOCK ? V - b * HEAD_BLOCK : HEAD_BLOCK;
         float v[HEAD_BLOCK];
         if (records) {
-            ple_kdot_pick(v, w->dtype, w->codes, w->scales, w->table->stride, rows, count, w->cols, a);
+            ple_kdot_pick(v, w->dtype, w->codes, w->scales, w->table->stride, rows, count, w->cols, w->plain_scales,
+                          a);
         } else {
             for (uint32_t k = 0; k < count; k++) {
                 const uint8_t *c, *sc;
