@@ -48,11 +48,12 @@ def study_outcomes(source: str | Path) -> dict[str, Any]:
 
 def training_compute(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Core-hours of training the finished runs recorded (evaluation and restarts not included); None when the
-    runs do not carry it (a records file written before plan_inputs kept the training figures)."""
+    runs do not carry it (a records file written before plan_inputs kept the training figures, or a run that did
+    not record its training time)."""
     done = [r for r in runs if r["status"] == "done"]
-    if any("train_seconds" not in r for r in done):
+    if any(r.get("train_seconds") is None for r in done):
         return None
-    return {"train_core_hours": sum(r["train_seconds"] or 0.0 for r in done) / 3600,
+    return {"train_core_hours": sum(r["train_seconds"] for r in done) / 3600,
             "steps": sum(r["steps"] or 0 for r in done), "tokens": sum(r["tokens"] or 0 for r in done)}
 
 

@@ -130,3 +130,13 @@ def reading_block(title: str, reading: str, rule: str, done: int, total: int | N
 def interim_note(done: int, total: int | None) -> str:
     """'' when every run is in, else ' (interim: N of M runs)' for a one-line summary."""
     return "" if total and done >= total else f" (interim: {done} of {total or '?'} runs)"
+
+
+def compute_block(compute: dict[str, Any] | None, done: int) -> Block:
+    """One paragraph: the training compute the finished runs recorded (plelab.experiments.outcomes.training_compute)."""
+    if not compute:
+        return ("p", "Compute: not recorded by these runs.")
+    return ("p", f"Compute: {compute['train_core_hours']:.1f} hours of training, the {done} finished runs' training "
+                 f"wall times summed ({compute['steps']:,} steps, {compute['tokens'] / 1e6:,.1f}M tokens): core-hours "
+                 "when each run has one thread (the sweep's `threads = 1`); evaluation, restarts and any pilot are "
+                 "not included.")

@@ -15,6 +15,7 @@ from typing import Any
 
 from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
+from plelab.experiments.outcomes import training_compute
 from plelab.experiments.plan import plan_from_inputs, plan_inputs
 from plelab.experiments.sweep import DB_FILE, RESOLVED_FILE
 from plelab.experiments.sweep_results import load_variant_sweep, read_json, seed_keys
@@ -129,4 +130,5 @@ def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
                    "outcomes": {name: results[name] for name in LONGCAT_TESTS}}
     return {"sweep": rec["sweep"], "baseline": base, "variants": rec["variants"], "shapes": shapes,
             "gains": gains, "ngram_vs_token": by_size, "domains": domains, "margin": margin, "plan": plan,
-            "longcat": longcat, "counts": rec["counts"], "total_runs": rec["total_runs"]}
+            "longcat": longcat, "counts": rec["counts"], "total_runs": rec["total_runs"],
+            "compute": training_compute((rec["plan_inputs"] or {}).get("runs") or [])}

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from plelab.data.prepare import HELDOUT_DOMAIN
-from plelab.experiments.plan_report import interim_note, plan_blocks, power_blocks, reading_block
+from plelab.experiments.plan_report import compute_block, interim_note, plan_blocks, power_blocks, reading_block
 from plelab.util.pages import Block, fmt, write_pages
 
 METRIC_NAMES = {HELDOUT_DOMAIN: "held-out split", "macro": "macro over the 16 domains"}
@@ -77,6 +77,7 @@ def ngram_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
     if (a["plan"] or {}).get("power"):
         blocks += power_blocks(a["plan"]["power"])
     blocks += gain_blocks(a) + domain_blocks(a)
+    blocks.append(compute_block(a.get("compute"), a["counts"].get("done", 0)))
     for stem, caption in (("gains", "Gain over no table, per variant (95 % t intervals)"),
                           ("domains", "N-gram minus token loss per domain, per table size (95 % t intervals)")):
         if stem in figures:

@@ -14,6 +14,7 @@ from typing import Any
 
 from plelab import stats
 from plelab.data.prepare import HELDOUT_DOMAIN
+from plelab.experiments.outcomes import training_compute
 from plelab.experiments.plan import plan_from_inputs, plan_inputs
 from plelab.experiments.sweep import DB_FILE
 from plelab.experiments.sweep_store import SweepStore
@@ -143,5 +144,6 @@ def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
                        "non_embedding": w["non_embedding"], "runs_done": len(w["runs"]),
                        "total_runs": w.get("total_runs"),
                        "final_tokens": max((r["tokens"] or 0 for r in w["runs"]), default=0),
-                       "plan": plan, "reading": _reading(plan), "gains": timeline_gains(w)})
+                       "plan": plan, "reading": _reading(plan), "gains": timeline_gains(w),
+                       "compute": training_compute((w["plan_inputs"] or {}).get("runs") or [])})
     return {"folder": rec["folder"], "widths": widths}

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plelab.experiments.plan_report import interim_note, plan_blocks, reading_block
+from plelab.experiments.plan_report import compute_block, interim_note, plan_blocks, reading_block
 from plelab.util.pages import Block, fmt, write_pages
 
 
@@ -46,6 +46,7 @@ def onset_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
         blocks += plan_blocks(w["plan"]) + reading_blocks(w)
         if w["gains"]:
             blocks += [("h", 3, "Gain against tokens (description)"), gain_table(w)]
+        blocks.append(compute_block(w.get("compute"), w["runs_done"]))
     if "gain_vs_tokens" in figures:
         blocks.append(("img", "gain_vs_tokens", "Paired gain over dP = 0 against tokens per non-embedding parameter "
                                                 "(one line per width and dP; 95 % t intervals)",

@@ -43,6 +43,8 @@ def test_the_ngram_sweep_gets_its_own_report_and_scores_the_plan(tmp_path, capsy
     assert pair["domains"]["code"]["mean"] == pytest.approx(0.0, abs=1e-9)
     md = (folder / "report.md").read_text()
     assert "per domain (description)" in md and "What each table buys over no table" in md
+    # fake_study's runs record no training time: the report says so rather than print zero hours
+    assert a["compute"] is None and "Compute: not recorded by these runs." in md
     assert (folder / "plots" / "domains.png").is_file() and (folder / "records.json").is_file()
     # the committed records recompute the same analysis
     assert main(["report", str(folder / "records.json"), "--out", str(tmp_path / "again"), "--json"]) == 0

@@ -38,7 +38,8 @@ def _width(root, hidden: int, gain_at_end: float):
             timeline = [{"step": s, "tokens": 1000 * s, "domains": {"val": {"loss": loss[s], "bpb": 1.0}}}
                         for s in STEPS]
             store.mark_done(p.name, {"final_eval": {"domains": {"val": {"loss": loss[8], "bpb": 1.0, "tokens": 9}}},
-                                     "timeline": timeline, "steps": 8, "tokens": 8000})
+                                     "timeline": timeline, "steps": 8, "tokens": 8000,
+                                     "train_seconds": 600.0})
 
 
 def test_the_round_reports_each_width_and_the_gain_against_tokens_per_parameter(tmp_path, capsys):
@@ -60,6 +61,9 @@ def test_the_round_reports_each_width_and_the_gain_against_tokens_per_parameter(
     assert [r["gain"] for r in h32["gains"]] == pytest.approx([0.101, 0.051, 0.021])
     md = (tmp_path / "round" / "report.md").read_text()
     assert "H = 64" in md and "Gain against tokens (description)" in md
+    # six runs a width at 600 s each: one hour of training, stated per width
+    assert h64["compute"] == {"train_core_hours": 1.0, "steps": 48, "tokens": 48000}
+    assert md.count("Compute: 1.0 hours of training, the 6 finished runs' training wall times summed") == 2
     assert (tmp_path / "round" / "plots" / "gain_vs_tokens.png").is_file()
     assert main(["report", str(tmp_path / "round" / "records.json"), "--out", str(tmp_path / "again"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["widths"] == a["widths"]
