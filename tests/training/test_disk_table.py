@@ -135,6 +135,8 @@ def test_the_resident_set_does_not_grow_with_the_table(tmp_path):
     assert result["runs"]["large"]["table_gib"] >= 2
     assert result["peak_rss_growth_over_large_table"] < 0.1, result
     assert result["runs"]["large"]["files_allocated_mib"] < 0.1 * 3 * 2 * 1024  # sparse: only written rows
+    assert result["step_time_ratio_large_over_small"] == pytest.approx(
+        result["runs"]["large"]["step_time_s_median"] / result["runs"]["small"]["step_time_s_median"], abs=1e-3)
 
 
 def test_disk_tables_rows_files_round_trip(tmp_path):
