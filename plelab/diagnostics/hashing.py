@@ -117,10 +117,11 @@ def distinct_rows_per_step(rows: np.ndarray, tokens_per_step: int) -> float | No
 def never_trained(model: nn.Module, initial: torch.Tensor | np.ndarray) -> dict:
     """Share of the table's rows equal to the initial table's, overall and per head."""
     table = ple_table(unwrap(model)).detach().cpu()
-    init = torch.as_tensor(np.asarray(initial))
-    if init.shape != table.shape:
+    # compared in NumPy: the initial table is often a read-only memory map, which torch would have to copy
+    init = initial.numpy() if isinstance(initial, torch.Tensor) else np.asarray(initial)
+    if init.shape != tuple(table.shape):
         return {"share": None, "note": f"initial table has shape {tuple(init.shape)}, the model's {tuple(table.shape)}"}
-    same = (table == init).all(dim=1).numpy()
+    same = (table.numpy() == init).all(axis=1)
     layout = unwrap(model).config.ple_layout
     heads = [float(same[o : o + r].mean()) for o, r in zip(layout.offsets, layout.head_rows, strict=True)] \
         if layout is not None else [float(same.mean())]

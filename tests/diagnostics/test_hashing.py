@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def test_a_token_table_reads_its_token_frequencies_and_gets_no_hash_report(share
     assert hash_diagnostics(model, ids) == {}
 
 
-def test_rows_never_trained_are_the_rows_no_step_read(shared_data):
+def test_rows_never_trained_are_the_rows_no_step_read(shared_data, tmp_path):
     torch.manual_seed(0)
     model = LanguageModel(load_model_config("tiny", [*NGRAM, "ple.sparse_grad=true"]))
     initial = model.per_layer_inputs.embed_tokens_per_layer.weight.detach().clone()
@@ -83,6 +84,12 @@ def test_rows_never_trained_are_the_rows_no_step_read(shared_data):
     got = hash_diagnostics(model, ids.reshape(-1), initial=initial)["never_trained"]
     assert got["rows"] == table.shape[0] - len(read)
     assert got["share"] == pytest.approx(1 - len(read) / table.shape[0])
+    # the monitor's snapshot comes back as a read-only memory map: the same count, and no warning or copy into torch
+    np.save(tmp_path / "init.npy", initial.numpy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mapped = hash_diagnostics(model, ids.reshape(-1), initial=np.load(tmp_path / "init.npy", mmap_mode="r"))
+    assert mapped["never_trained"] == got
 
 
 @pytest.fixture(scope="module")
