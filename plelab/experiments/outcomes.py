@@ -85,7 +85,8 @@ def study_lines(studies: list[dict[str, Any]]) -> list[str]:
     for s in studies:
         ev = s.get("evaluation") or {}
         compute = s.get("compute")
-        spent = "compute: not in this records file (written before records kept it)" if compute is None else (
+        spent = ("compute: not recorded (a records file written before records kept it, or a run without its "
+                 "training time)") if compute is None else (
             f"{compute['train_core_hours']:.2f} core-hours of training, {compute['tokens'] / 1e6:,.1f}M tokens")
         gate = ev.get("gate")
         if not gate:

@@ -49,7 +49,7 @@ def test_a_records_file_from_before_the_training_figures_says_it_has_no_compute(
     records.write_text(json.dumps(rec))
     assert study_outcomes(records)["compute"] is None
     assert main(["outcomes", str(records)]) == 0
-    assert "compute: not in this records file (written before records kept it)" in capsys.readouterr().out
+    assert "compute: not recorded (a records file written before records kept it" in capsys.readouterr().out
 
 
 def test_an_unfinished_study_says_its_outcomes_are_interim(tmp_path, capsys):
