@@ -118,7 +118,7 @@ def never_trained(model: nn.Module, initial: torch.Tensor | np.ndarray) -> dict:
     """Share of the table's rows equal to the initial table's, overall and per head."""
     table = ple_table(unwrap(model)).detach().cpu()
     # compared in NumPy: the initial table is often a read-only memory map, which torch would have to copy
-    init = initial.numpy() if isinstance(initial, torch.Tensor) else np.asarray(initial)
+    init = initial.detach().cpu().numpy() if isinstance(initial, torch.Tensor) else np.asarray(initial)
     if init.shape != tuple(table.shape):
         return {"share": None, "note": f"initial table has shape {tuple(init.shape)}, the model's {tuple(table.shape)}"}
     same = (table.numpy() == init).all(axis=1)

@@ -134,6 +134,8 @@ def interim_note(done: int, total: int | None) -> str:
 
 def compute_block(compute: dict[str, Any] | None, done: int) -> Block:
     """One paragraph: the training compute the finished runs recorded (plelab.experiments.outcomes.training_compute)."""
+    if not done:
+        return ("p", "Compute: no run has finished yet.")
     if not compute:
         return ("p", "Compute: not recorded by these runs.")
     return ("p", f"Compute: {compute['train_core_hours']:.1f} hours of training, the {done} finished runs' training "

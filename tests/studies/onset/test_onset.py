@@ -84,3 +84,11 @@ def test_the_dead_zone_reading_follows_its_registered_rule(outcomes, reading):
     from plelab.studies.onset.analysis import deadzone_reading
 
     assert deadzone_reading(outcomes) == reading
+
+
+def test_the_compute_paragraph_says_when_nothing_has_finished():
+    from plelab.experiments.outcomes import training_compute
+    from plelab.experiments.plan_report import compute_block
+
+    assert compute_block(training_compute([{"status": "pending"}]), 0)[1] == "Compute: no run has finished yet."
+    assert "not recorded" in compute_block(training_compute([{"status": "done", "train_seconds": None}]), 1)[1]
