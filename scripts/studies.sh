@@ -88,7 +88,8 @@ h = read_header(sys.argv[1]); print(h["runs"], "at", h["taken"])' "$snap")"
     (cd "$dir" && { here_py -m plelab sweep "$sweep" --status 2>/dev/null || python3 -m plelab sweep "$sweep" \
       --status; } | tail -n 2 | head -n 1) || echo "$name: status failed"
   done
-  pgrep -af "plelab sweep" || echo "(no study running)"
+  # the sweep processes only (the chain's bash -c names them too, in one line of a screen)
+  pgrep -af -- "$SWEEP_PROC" || echo "(no study running)"
 }
 
 start() {
