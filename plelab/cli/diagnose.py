@@ -16,9 +16,12 @@ def add_parser(sub) -> None:
     p = add_command(
         sub, "diagnose",
         "Diagnose a run's PLE with two verdicts. used (dependence): does the trained model rely on its table? "
-        "Ablation: the loss with PLE switched off minus with it on (used / unused / not resolved / harmful). "
-        "pays (benefit): is the model better than its dP = 0 twin trained on the same tokens? The paired loss "
-        "difference on the same batches (better / equivalent / worse / not resolved, with the interval). A model "
+        "Ablation: the loss with PLE switched off minus with it on (used / used, within margin / unused / not "
+        "resolved / harmful, within margin / harmful). pays (benefit): is the model better than its dP = 0 twin "
+        "trained on the same tokens? The paired loss difference on the same batches (better / better, within "
+        "margin / equivalent / worse, within margin / worse / not resolved, with the 95 % interval; not measured "
+        "without a twin). 'equivalent' and 'unused' need the 90 % interval inside +-0.01 nats with nothing "
+        "resolved; a resolved difference inside it is 'within margin', never 'equivalent'. A model "
         "depends on a table it was trained with whether or not the table bought anything: only pays says that. "
         "Also per-layer injection ratio, gates and table health against random baselines.",
         "plelab diagnose runs/demo/ple          # the run's own eval data; the twin runs/demo/base found beside it\n"

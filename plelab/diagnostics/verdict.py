@@ -8,11 +8,14 @@
   and steps? Measured as the paired loss difference on the same evaluation batches (plelab.diagnostics.benefit).
   Only this answers the question the dead-zone study asks ("does the table buy anything?").
 
-Both are decided by the same four-way test the studies use (plelab.stats.compare): a difference is resolved when
-a two-sided t test over the paired batches rejects 0; "no difference" only when an equivalence test (TOST) puts
-the whole interval inside a margin stated here beforehand; anything else is "not resolved". The unit is the
-evaluation batch of one trained model (or one pair): the interval is evaluation noise, not seed-to-seed spread,
-which only a study over seeds measures.
+Both rest on the four-way test the studies use (plelab.stats.compare): a difference is resolved when a two-sided t
+test over the paired batches rejects 0; "no difference" (unused, equivalent) only when an equivalence test (TOST)
+puts the whole 90 % interval inside a margin stated here beforehand and no difference is resolved; a resolved
+difference inside the margin is "within margin", never "no difference"; anything else is "not resolved". pays
+takes the test's outcome as it is; used keeps the ablation rule the studies have always applied to a table in use
+(beyond max(margin, 2 s.e.)) and takes the rest from the test (USED). The unit is the evaluation batch of one
+trained model (or one pair): the interval is evaluation noise, not seed-to-seed spread, which only a study over
+seeds measures.
 
 Without evaluation data the used verdict falls back on proxies (injection ratio, table health), is labelled
 provisional, and the pays verdict is not measured.
@@ -21,6 +24,7 @@ provisional, and the pays verdict is not measured.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from plelab import stats
@@ -37,25 +41,31 @@ ALPHA = stats.ALPHA
 DEAD_INJECTION_RATIO = 0.01
 """Proxy rule: an injection below 1 % of the hidden state's RMS is drowned by the trunk."""
 
-USED = ("used", "unused", "not resolved", "harmful")
+USED = ("used", "used, within margin", "unused", "not resolved", "harmful, within margin", "harmful")
 """The used verdicts. used: switching the table off raises the loss by more than max(USED_MARGIN, NOISE_SIGMAS
 s.e.) (the ablation rule the studies have always used for a table in use). unused: the ablation's 90 % interval
-lies inside +-USED_MARGIN (TOST): whatever the model depends on is smaller than the margin. harmful: switching the
-table off lowers the loss by more than that. not resolved: anything else (also one batch, no interval)."""
+lies inside +-USED_MARGIN (TOST) and the t test resolves no change: no dependence beyond the margin. "used,
+within margin": the t test resolves a rise and the 90 % interval lies inside the margin (a real dependence
+smaller than USED_MARGIN: not unused). harmful / "harmful, within margin": the same for a fall (the model does
+better without its table). not resolved: anything else, and always with one batch (no interval)."""
 PAYS = ("better", "better, within margin", "equivalent", "worse", "worse, within margin", "not resolved",
         "not measured")
 """The pays verdicts, the studies' outcome labels (plelab.stats.OUTCOMES) for loss(model) - loss(twin): better =
-the model's loss is lower than its twin's (resolved); "better, within margin" = resolved and smaller than
-PAYS_MARGIN; equivalent = the interval lies inside +-PAYS_MARGIN with no difference resolved; not measured = no
+the model's loss is lower than its twin's (resolved); "better, within margin" = resolved, with the 90 % interval
+inside +-PAYS_MARGIN; equivalent = the interval lies inside +-PAYS_MARGIN with no difference resolved; not measured = no
 twin."""
 
 RULES = [
     f"used (dependence), primary: delta = loss with PLE switched off - loss with it on, paired over the evaluation "
     f"batches, the smallest over the zero, shuffle and table ablations (used only if every way of removing PLE "
     f"costs loss). used if delta > max({USED_MARGIN}, {NOISE_SIGMAS:g} x its standard error over the batches); "
-    f"unused if its 90 % t interval lies inside +-{USED_MARGIN} nats (TOST at {ALPHA} per side); harmful if "
-    f"delta < -max({USED_MARGIN}, {NOISE_SIGMAS:g} s.e.); not resolved otherwise. Per-layer verdicts are each "
-    "their own test (no correction across layers).",
+    f"unused if its 90 % t interval lies inside +-{USED_MARGIN} nats (TOST at {ALPHA} per side) and a two-sided t "
+    f"test (alpha {ALPHA}) resolves no change; 'used, within margin' if the t test resolves a rise and the 90 % "
+    f"interval lies inside +-{USED_MARGIN} (a real dependence smaller than the margin, not unused); harmful if "
+    f"delta < -max({USED_MARGIN}, {NOISE_SIGMAS:g} s.e.), 'harmful, within margin' the mirror of 'used, within "
+    "margin'; not resolved otherwise, and always with one batch (no interval). Intervals printed beside a verdict "
+    "are 95 % t intervals; the 90 % one is the equivalence test's. Per-layer verdicts are each their own test (no "
+    "correction across layers).",
     "used (dependence) is not benefit: a model trained with a table depends on it whether or not it beats a model "
     "trained without one. Benefit is the pays verdict.",
     f"pays (benefit): delta = loss of this model - loss of its dP = 0 twin (same data, seed and steps) on the same "
@@ -83,13 +93,32 @@ def used_label(recorded: str | None) -> str | None:
     return RECORDED_BEFORE_EQUIVALENCE.get(recorded, recorded) if recorded else recorded
 
 
+OLD_WORDS = [(re.compile(r"\bnot alive\b"), "not used"), (re.compile(r"\balive\b"), "used"),
+             (re.compile(r"\b(?:dead|weak)\b(?! zone)"), "not used")]
+"""The old verdict words inside recorded texts (a confusion key, a rule, a table cell), and today's names."""
+
+
+def today_names(text: str) -> str:
+    """A recorded text with its old verdict words in today's names (as used_label does for one verdict)."""
+    for pattern, new in OLD_WORDS:
+        text = pattern.sub(new, text)
+    return text
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
 def _interval(test: dict[str, Any]) -> str:
     ci = test.get("ci95")
-    return "" if not ci else f" [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return "" if not ci else f" (95 % CI [{ci[0]:+.4f}, {ci[1]:+.4f}])"
+
+
+def _equivalence(test: dict[str, Any], margin: float) -> str:
+    """The equivalence test's own interval and p, said where "no difference" or "within margin" is claimed."""
+    tost = test.get("tost") or {}
+    lo, hi = tost.get("interval") or (math.nan, math.nan)
+    return f"the 90 % interval [{lo:+.4f}, {hi:+.4f}] lies inside +-{margin:g} (TOST p {tost.get('p', math.nan):.2g})"
 
 
 def noise_of(se: float | None) -> float:
@@ -102,17 +131,23 @@ def used_verdict(delta: float, se: float | None, n: int, margin: float = USED_MA
     """{'verdict', 'reason', 'test'} of an ablation: delta = loss without PLE - loss with it, over n paired batches."""
     test = stats.compare(delta, se if _finite(se) else math.nan, n, margin, alpha)
     band = max(margin, noise_of(se))
-    what = f"switching it off changes the loss by {delta:+.4f}{_interval(test)} nats over {n} batch(es)"
-    if delta > band:
+    what = f"switching it off changes the loss by {delta:+.4f} nats{_interval(test)} over {n} batch(es)"
+    outcome = test["outcome"]  # of loss(off) - loss(on): "worse" = switching the table off costs loss
+    if outcome == "n/a":
+        verdict, why = "not resolved", "one batch: no interval"
+    elif delta > band:
         verdict, why = "used", f"more than max({margin:g}, {NOISE_SIGMAS:g} s.e.) = {band:.4f}"
     elif delta < -band:
         verdict, why = "harmful", f"a fall of more than {band:.4f}: the model does better without it"
-    elif test["tost"] and test["tost"]["equivalent"]:
-        verdict, why = "unused", f"the 90 % interval lies inside +-{margin:g} (TOST p {test['tost']['p']:.2g})"
+    elif outcome == "equivalent":
+        verdict, why = "unused", f"no change resolved, and {_equivalence(test, margin)}"
+    elif outcome in ("worse, within margin", "better, within margin"):
+        verdict = "used, within margin" if delta > 0 else "harmful, within margin"
+        why = (f"a {'rise' if delta > 0 else 'fall'} resolved (p {test['p']:.2g}) and {_equivalence(test, margin)}: "
+               "real, smaller than the margin")
     else:
         verdict = "not resolved"
-        why = "one batch: no interval" if test["outcome"] == "n/a" else (
-            f"neither beyond {band:.4f} nor inside +-{margin:g} by the equivalence test")
+        why = f"neither beyond {band:.4f} nor inside +-{margin:g} by the equivalence test"
     return {"verdict": verdict, "reason": f"{what}: {why}", "test": test}
 
 
@@ -168,8 +203,10 @@ def pays_verdict(delta: float, se: float | None, n: int, margin: float = PAYS_MA
     """{'verdict', 'reason', 'test'} of delta = loss(model) - loss(dP = 0 twin) over n paired evaluation batches."""
     test = stats.compare(delta, se if _finite(se) else math.nan, n, margin, alpha)
     verdict = "not resolved" if test["outcome"] == "n/a" else test["outcome"]
-    reason = (f"loss - twin's loss = {delta:+.4f}{_interval(test)} nats over {n} paired batch(es), margin "
-              f"+-{margin:g}" + ("; one batch: no interval" if test["outcome"] == "n/a" else ""))
+    said = {"equivalent": f"; {_equivalence(test, margin)}", "n/a": "; one batch: no interval"}
+    said["better, within margin"] = said["worse, within margin"] = said["equivalent"]
+    reason = (f"loss - twin's loss = {delta:+.4f} nats{_interval(test)} over {n} paired batch(es), margin "
+              f"+-{margin:g}" + said.get(test["outcome"], ""))
     return {"verdict": verdict, "reason": reason, "test": test}
 
 

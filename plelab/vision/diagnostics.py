@@ -29,9 +29,10 @@ Rules (also in RULES):
   verdict           random-like if the table is random-like (whatever the ablation says: SPEC §4's failure is a
                     table the loss never shaped; random rows are still distinct, so a trunk can read them, and an
                     ablation cost then says the *ids* are used, not that the table learned); otherwise the
-                    ablation's used verdict (plelab.diagnostics.verdict.used_verdict: used / unused / not
-                    resolved / harmful). Dependence, not benefit: what the table buys is the study's paired
-                    comparison against the same model without it.
+                    ablation's used verdict (plelab.diagnostics.verdict.used_verdict: used / used, within
+                    margin / unused / not resolved / harmful, within margin / harmful). Dependence, not
+                    benefit: what the table buys is the study's paired comparison against the same model
+                    without it.
 Injection ratio: RMS of the visual PLE contribution / RMS of the hidden state it is added to, per PLE layer,
 at patch positions only (caption positions get no visual PLE, and counting them would dilute the ratio).
 """
@@ -58,7 +59,8 @@ ABS_COSINE_FACTOR = 1.5
 """A view is random-like only if its mean |cos| is at most this multiple of the random baseline's."""
 ABLATION_MODES = ("zero", "shuffle_ids")
 """How the visual PLE is switched off (see the module docstring); the primary delta is the smaller."""
-VERDICTS = ("random-like", "used", "unused", "not resolved", "harmful")
+VERDICTS = ("random-like", "used", "used, within margin", "unused", "not resolved", "harmful, within margin",
+            "harmful")
 
 RULES = {
     "random_like_view": "effective rank >= 0.95 x the random baseline's, PC1 variance <= 3 x the baseline's and "

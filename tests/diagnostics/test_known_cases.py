@@ -58,14 +58,34 @@ def test_proxies_without_data_are_provisional(working_model, closed_gate_model):
      # within two standard errors of zero the change is noise, and the interval reaches past the margin: the old
      # rule called this "dead"; nothing is shown either way
      (0.05, 0.03, 8, "not resolved"),
-     (0.005, 0.001, 8, "unused"),          # a real but tiny dependence: the interval lies inside +-0.01
+     # a real but tiny dependence: resolved (p ~ 1e-3) with its interval inside +-0.01. Not "unused": one
+     # meaning per label, as "better, within margin" is never "equivalent"
+     (0.005, 0.001, 8, "used, within margin"),
+     (-0.005, 0.001, 8, "harmful, within margin"),
+     (0.002, 0.002, 8, "unused"),          # nothing resolved (p 0.35), the 90 % interval inside +-0.01
      (0.009, 0.004, 8, "not resolved"),    # the old rule's "weak": the interval crosses the margin
      (0.002, 0.0195, 8, "not resolved"),   # the old rule's "dead" (delta <= 2 s.e.), an interval of +-0.046
      (-0.05, 0.001, 8, "harmful"),
-     (0.02, float("nan"), 1, "used")],      # one batch: no noise estimate, the band is the margin alone
+     (0.02, float("nan"), 1, "not resolved"),   # one batch: no interval, so nothing is shown either way
+     (0.0, float("nan"), 1, "not resolved")],
 )
 def test_used_rule_reaches_every_verdict_and_dead_needs_equivalence(delta, se, n, expected):
     assert used_verdict(delta, se, n)["verdict"] == expected
+
+
+def test_verdict_lines_label_their_intervals():
+    unused = used_verdict(0.002, 0.002, 8)["reason"]
+    assert "95 % CI [" in unused and "the 90 % interval [" in unused and "inside +-0.01" in unused
+    small = used_verdict(0.005, 0.001, 8)["reason"]
+    assert "resolved" in small and "the 90 % interval [" in small
+    assert "90 %" not in used_verdict(0.05, 0.001, 8)["reason"]  # no equivalence claimed, none printed
+
+
+def test_recorded_texts_read_in_todays_names():
+    from plelab.diagnostics.verdict import today_names
+
+    assert today_names("predicted not alive, final dead") == "predicted not used, final not used"
+    assert today_names("3 alive, 1 weak; dead zone") == "3 used, 1 not used; dead zone"
 
 
 def test_overall_from_proxies():

@@ -15,6 +15,7 @@ import pytest
 from sweep_helpers import write_sweep
 
 from plelab.cli.main import main
+from plelab.diagnostics.verdict import USED as USED_VERDICTS
 from plelab.experiments.sweep import load_sweep
 from plelab.experiments.sweep_runner import SweepLocked, run_sweep, sweep_lock, sweep_status, training_left
 from plelab.experiments.sweep_store import SweepStore
@@ -50,7 +51,7 @@ def test_the_database_holds_config_status_summary_and_per_domain_evaluation(fini
         assert r["eval_loss"] == summary["macro"]["loss"]
         assert evals[r["name"]]["prose"]["loss"] == summary["domains"]["prose"]["loss"]
         if r["ple_dim"]:  # PLEMonitor ran: early and final verdicts recorded
-            used = ("used", "unused", "not resolved", "harmful")
+            used = USED_VERDICTS
             assert r["verdict_final"] in used and r["verdict_early"] in used
             assert r["early_matches"] in (0, 1)
         else:

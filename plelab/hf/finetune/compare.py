@@ -8,7 +8,8 @@ interval speaks about these evaluation data, not about repeating the fine-tune w
 The verdict uses the mode that is primary for the base model (the smallest loss increase,
 as diagnose chooses it) and diagnose's used rule (plelab.diagnostics.verdict.used_verdict) on the change: "more" if
 the mean change exceeds max(margin, 2 standard errors), "less" if it is below minus that, "unchanged" only when the
-change's 90 % interval lies inside +-margin (an equivalence test), else "not resolved". Per layer, the
+change's 90 % interval lies inside +-margin (an equivalence test) and no change is resolved, "more, within margin" /
+"less, within margin" when a change is resolved inside the margin, else "not resolved". Per layer, the
 injection ratio |y| / |h| of both models is shown beside it. The two models are measured one after the other,
 so only one is in memory at a time.
 """
@@ -58,7 +59,9 @@ def _paired(base: dict, tuned: dict, mode: str, idx: list[int]) -> dict[str, Any
 def _verdict(change: float, se: float, n: int) -> tuple[str, str]:
     """(more / less / unchanged / not resolved, reason): the used rule applied to the paired change in use."""
     judged = V.used_verdict(change, se, n)
-    word = {"used": "more", "harmful": "less", "unused": "unchanged"}.get(judged["verdict"], "not resolved")
+    word = {"used": "more", "used, within margin": "more, within margin", "harmful": "less",
+            "harmful, within margin": "less, within margin", "unused": "unchanged"}.get(judged["verdict"],
+                                                                                       "not resolved")
     reason = judged["reason"].replace("switching it off changes the loss by", "the PLE-off loss increase changed by")
     return word, reason
 

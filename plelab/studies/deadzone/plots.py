@@ -222,7 +222,8 @@ def early_vs_final(group: dict[str, Any]) -> bytes | None:
         return None
     dims = sorted({p[0] for p in pts})
     colors = dim_colors(dims)
-    markers = {"used": "o", "not resolved": "s", "unused": "x", "not used": "x", "harmful": "v"}
+    markers = {"used": "o", "used, within margin": "o", "not resolved": "s", "unused": "x", "not used": "x",
+               "harmful": "v", "harmful, within margin": "v"}
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for dim, e, f, verdict in pts:
         ax.scatter(e, f, color=colors[dim], marker=markers.get(verdict, "^"), s=40)
