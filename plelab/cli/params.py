@@ -85,11 +85,11 @@ def _parse_dims(text: str) -> list[int]:
 
 
 def _suggest(model: str, hidden: int, as_json: bool) -> int:
-    from plelab.studies.law.analysis import format_suggestion, load_law, suggest
+    from plelab.studies.law.analysis import format_suggestion, load_law, suggest, suggestion_json
 
     advice = suggest(hidden, load_law())
     if as_json:
-        print_json({"model": model, **advice})
+        print_json({"model": model, **suggestion_json(advice)})
     else:
         print(f"{model}: H = {hidden}\n{format_suggestion(advice)}")
     return 0

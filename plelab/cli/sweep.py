@@ -6,6 +6,7 @@ import argparse
 
 from plelab.cli import options
 from plelab.cli.common import add_command, add_set_flag, print_json
+from plelab.diagnostics.verdict import used_label
 from plelab.util.tables import text_table
 
 
@@ -69,7 +70,8 @@ def print_status(status: dict) -> None:
     solved = any(r.get("solved") for r in status["runs"])
     rows = []
     for r in status["runs"]:
-        verdicts = "/".join(v or "-" for v in (r["verdict_early"], r["verdict_final"])) if r["ple_dim"] else "-"
+        verdicts = ("/".join(used_label(v) or "-" for v in (r["verdict_early"], r["verdict_final"]))
+                    if r["ple_dim"] else "-")
         matched = [" ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r["solved"].items()) or "-"] if solved else []
         rows.append([r["name"], r["status"], f"{r['step'] or 0}/{r['max_steps']}", str(r["attempts"]), *matched,
                      _fmt(r["eval_loss"]), verdicts, _fmt(r["train_seconds"], ".0f"), r["error"] or ""])

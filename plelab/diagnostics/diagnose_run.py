@@ -196,7 +196,7 @@ def format_report(r: dict) -> str:
         lines.append(f"table view '{name}': {view['rows'] if view['available'] else 'unavailable: ' + view['reason']}")
     lines += format_hashing(r.get("hashing", {}))
     for name, s in r.get("monitor", {}).items():
-        lines.append(f"monitor {name} used verdict (step {s.get('step')}): {s.get('verdict')}")
+        lines.append(f"monitor {name} used verdict (step {s.get('step')}): {V.used_label(s.get('verdict'))}")
     lines += ["", "rules:"] + [f"  - {rule}" for rule in r["rules"]]
     defs = {**r["definitions"], **r["table_health"]["definitions"]}
     lines += ["definitions:"] + [f"  {k}: {v}" for k, v in defs.items()]

@@ -147,12 +147,18 @@ def _verdict_line_rule(runs: Sequence[dict[str, Any]], label: str,
     if best is None:
         return None
     _, f, correct, n = best
-    other = "not used" if label == "used" else "used"
     return {"signal": "ablation_delta", "fraction": f, "threshold": USED_MARGIN, "fit_correct": correct, "fit_n": n,
             "fit_accuracy": correct / n, "description": SIGNALS["ablation_delta"][0], "one_class": label,
-            "note": f"every fit run ended {label}: the threshold is the final verdict's own used line "
-                    f"({USED_MARGIN:g} nats), not fitted; only the fraction was chosen, and how the rule does on runs "
-                    f"that end {other} is untested"}
+            "note": one_class_note(label, USED_MARGIN)}
+
+
+def one_class_note(label: str, threshold: float) -> str:
+    """Why a rule fitted on runs of one final class is not a fitted threshold (today's class names)."""
+    label = _label(label) or label
+    other = "not used" if label == "used" else "used"
+    return (f"every fit run ended {label}: the threshold is the floor of the final verdict's used line ({threshold:g} "
+            "nats; the final line is max(0.01, 2 s.e.)), not fitted; only the fraction was chosen, and how the rule "
+            f"does on runs that end {other} is untested")
 
 
 def choose_rule(runs: Sequence[dict[str, Any]], fractions: Sequence[float] = FRACTIONS) -> dict[str, Any] | None:
@@ -217,7 +223,9 @@ def describe_rule(rule: dict[str, Any]) -> str:
     """The rule in one line."""
     text = (f"used if {rule['signal']} at {rule['fraction']:.0%} of training > {rule['threshold']:.4g} "
             f"({rule.get('description') or SIGNALS[rule['signal']][0]})")
-    return f"{text} [{rule['note']}]" if rule.get("note") else text
+    # a one-class rule's note is rebuilt, so rules recorded under the old class names read in today's
+    note = one_class_note(rule["one_class"], rule["threshold"]) if rule.get("one_class") else rule.get("note")
+    return f"{text} [{note}]" if note else text
 
 
 def predict_run(metrics: Sequence[dict[str, Any]], total_steps: int, rule: dict[str, Any] | None) -> dict[str, Any]:

@@ -160,7 +160,7 @@ def curve_section(runs: Sequence[dict[str, Any]], fraction: float = CURVE_FRACTI
 
 def diagnose_run(run: dict[str, Any]) -> dict[str, Any]:
     """`plelab diagnose RUN_DIR --data EVAL_DATA --json` (a subprocess: the command itself, as a user runs it):
-    the overall and per-layer verdicts."""
+    the overall and per-layer used verdicts."""
     data = run["config"].get("eval_data") or run["config"].get("data")
     cmd = [sys.executable, "-m", "plelab", "diagnose", run["dir"], "--json"] + (["--data", data] if data else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -168,7 +168,8 @@ def diagnose_run(run: dict[str, Any]) -> dict[str, Any]:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
         raise PlelabError(f"plelab diagnose {run['dir']} exited {proc.returncode}: {last}")
     report = json.loads(proc.stdout)
-    return {"verdict": report.get("verdict"), "layers": [rec.get("verdict") for rec in report.get("layers", [])]}
+    return {"verdict": (report.get("used") or {}).get("verdict"),
+            "layers": [rec.get("verdict") for rec in report.get("layers", [])]}
 
 
 def verdict_section(runs: Sequence[dict[str, Any]], verdicts: dict[str, dict[str, Any]]) -> dict[str, Any]:

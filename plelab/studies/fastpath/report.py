@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from plelab.diagnostics.verdict import RECORDED_BEFORE_EQUIVALENCE, used_label
 from plelab.studies.fastpath.check import FAST, REFERENCE
 from plelab.util.pages import Block, fmt, write_pages
 
@@ -55,9 +56,16 @@ def verdict_blocks(result: dict[str, Any]) -> list[Block]:
     v = result.get("verdicts")
     if not v:
         return [("h", 2, "plelab diagnose verdicts"), ("p", "Not run (--no-diagnose).")]
-    rows = [[str(r["dim"]), str(r["seed"]), f"{r[REFERENCE]['verdict']} {r[REFERENCE]['layers']}",
-             f"{r[FAST]['verdict']} {r[FAST]['layers']}"] for r in v["rows"]]
-    return [("h", 2, f"plelab diagnose verdicts: {v['agree']} of {v['compared']} pairs agree"),
+    def shown(d: dict[str, Any]) -> str:
+        return f"{used_label(d['verdict'])} {[used_label(x) for x in d['layers']]}"
+    rows = [[str(r["dim"]), str(r["seed"]), shown(r[REFERENCE]), shown(r[FAST])] for r in v["rows"]]
+    recorded = {x for r in v["rows"] for side in (REFERENCE, FAST) for x in [r[side]["verdict"], *r[side]["layers"]]}
+    old = sorted(recorded & set(RECORDED_BEFORE_EQUIVALENCE))
+    note = ([("p", f"The used verdicts (overall, then per layer). Recorded before the equivalence test under the "
+                   f"names {', '.join(old)}, shown under today's: alive is used; weak and dead are 'not used' "
+                   "(unused and not resolved cannot be told apart without the test).")] if old else
+            [("p", "The used verdicts (overall, then per layer).")])
+    return [("h", 2, f"plelab diagnose verdicts: {v['agree']} of {v['compared']} pairs agree"), *note,
             ("table", ["dP", "seed", "fp32", "bf16-head"], rows)]
 
 

@@ -52,9 +52,11 @@ TRAINED_RULE = (f"trained: the loss falls by at most {TRAINED_TOLERANCE:g} nats 
                 "learning rate is small over the last 20 %, and the whole fall starts at ln V.)")
 
 PUBLISHED = [{"source": "SPEC §3 (3B, 400B tokens)", "H": 2560, "form": "simple", "criterion": "gain",
-              "bracket": [128, 256], "note": "64 -> 128 within noise, 128 -> 256 the transition"},
+              "bracket": [128, 256], "note": "64 -> 128: 2.149 -> 2.149, no change at three decimals (one run each, no "
+              "interval); 128 -> 256 the transition"},
              {"source": "docs/deadzone-study.md (150 steps, unpaired seeds)", "H": 64, "form": "simple",
-              "criterion": "alive", "bracket": [8, 16], "note": "dP = 8: 2 alive, 1 weak; dP = 16: 3 alive"}]
+              "criterion": "alive", "bracket": [8, 16],
+              "note": "dP = 8: 2 used, 1 not used; dP = 16: 3 used"}]
 """Points measured before this study, shown beside it and used by --suggest-ple until a law exists."""
 
 
@@ -435,6 +437,20 @@ def suggest(width: int, law: dict[str, Any] | None) -> dict[str, Any]:
             "widths_tested": tested, "fit_widths": law.get("fit_widths"), "predictions": law.get("predictions"),
             "per_width": law.get("measured") or [], "early_accuracy": test.get("test_accuracy"),
             "warnings": warnings, "published": PUBLISHED}
+
+
+JSON_CRITERIA = {"alive": "used", "gain": "pays"}
+"""The law's criteria as --json names them: the records keep their first names (alive, gain); what a user scripts
+against says used (dependence) and pays (a resolved gain), as the text does."""
+
+
+def suggestion_json(advice: dict[str, Any]) -> dict[str, Any]:
+    """`suggest`'s answer for --json, its criteria under today's names (JSON_CRITERIA)."""
+    def named(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return None if rows is None else [
+            {JSON_CRITERIA.get(k, k): (JSON_CRITERIA.get(v, v) if k == "criterion" else v) for k, v in r.items()}
+            for r in rows]
+    return {**advice, **{k: named(advice.get(k)) for k in ("predictions", "per_width", "published") if k in advice}}
 
 
 def format_suggestion(advice: dict[str, Any]) -> str:

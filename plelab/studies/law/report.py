@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plelab.diagnostics.verdict import used_label
+from plelab.diagnostics.verdict import today_names, used_label
 from plelab.errors import PlelabError
 from plelab.studies.law.analysis import (
     CRITERIA,
+    JSON_CRITERIA,
     PREDICTION_FILE,
     bracket_text,
     gather,
@@ -58,7 +59,8 @@ def law_figure(analysis: dict[str, Any], axis: str = "dP/H") -> bytes | None:
         for p, color in zip(analysis.get("published", []), ("tab:orange", "tab:gray"), strict=False):
             for ax in (top, bottom):
                 ax.axvspan(p["bracket"][0] / p["H"], p["bracket"][1] / p["H"], color=color, alpha=0.12, zorder=0,
-                           label=f"published: H={p['H']} ({p['criterion']})" if ax is top else None)
+                           label=(f"published: H={p['H']} ({JSON_CRITERIA.get(p['criterion'], p['criterion'])})"
+                                  if ax is top else None))
     top.axhline(0, color="k", lw=0.8)
     bottom.axhline(0.01, color="tab:green", lw=0.8, ls=":", label="used above (0.01 nats)")
     top.set_ylabel(f"paired Δ {analysis['primary_loss']} loss vs dP=0\n(mean ± s.e. over seeds)")
@@ -183,6 +185,7 @@ CRITERION_NAMES = {"alive": "used in every seed (dependence)", "gain": "pays (a 
 """How the report names the law's two criteria (the records keep their first names, alive and gain)."""
 
 
+
 def _verdict_counts(counts: dict[str, int]) -> str:
     """'3 used' from recorded verdict counts, old names (alive / weak / dead) read as today's."""
     merged: dict[str, int] = {}
@@ -219,7 +222,8 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     for w in analysis["widths"]:
         blocks += width_blocks(w, primary)
     blocks.append(("h", 2, f"The law dP*/H = c ({analysis['form']} form, fitted on H = {analysis['fit_widths']})"))
-    blocks.append(("list", [f"{c}: {law['reason']}" + (f"; point estimate {ratio_text(law['estimate'])}"
+    blocks.append(("list", [f"{CRITERION_NAMES.get(c, c)}: {law['reason']}" + (f"; point estimate "
+                                                                             f"{ratio_text(law['estimate'])}"
                                                          if law.get("estimate") else "")
                             for c, law in analysis["law"].items()]))
     every = law_summary(analysis)
@@ -236,10 +240,11 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     if early.get("rule"):
         test = early.get("test")
         blocks.append(("h", 2, "Early predictor"))
-        blocks.append(("p", f"Chosen on the fit widths: {early['text']}; right in {early['fit']['correct']}/"
-                            f"{early['fit']['n']} of their runs{_beside_base(early['fit'])}. "
+        blocks.append(("p", f"Chosen on the fit widths: {today_names(early['text'])}; right in "
+                            f"{early['fit']['correct']}/{early['fit']['n']} of their runs{_beside_base(early['fit'])}. "
                        + (f"On the held-out width(s): {test['correct']}/{test['n']} right ({test['missing']} without "
-                          "the signal); " + ", ".join(f"{k}: {v}" for k, v in sorted(test["confusion"].items()))
+                          "the signal); " + ", ".join(f"{today_names(k)}: {v}"
+                                                      for k, v in sorted(test["confusion"].items()))
                           + f"{_beside_base(test)}." if test else "No held-out width has finished runs yet.")))
         if early.get("post_hoc"):
             ph = early["post_hoc"]
@@ -253,7 +258,8 @@ def law_blocks(analysis: dict[str, Any], figure: bool) -> list[Block]:
     blocks += collapse_blocks(analysis)
     blocks.append(("h", 2, "Published points"))
     blocks.append(("table", ["source", "H", "form", "criterion", "dP* bracket", "note"],
-                   [[p["source"], str(p["H"]), p["form"], p["criterion"], bracket_text(p["bracket"], p["H"]), p["note"]]
+                   [[p["source"], str(p["H"]), p["form"], JSON_CRITERIA.get(p["criterion"], p["criterion"]),
+                     bracket_text(p["bracket"], p["H"]), today_names(p["note"])]
                     for p in analysis["published"]]))
     if figure:
         blocks += [("img", name, f"Paired loss Δ and ablation Δ vs {axis}, all widths", None)
@@ -318,8 +324,10 @@ def law_report_inputs(folder: str | Path) -> tuple[Path, ...]:
 
 def law_summary_lines(analysis: dict[str, Any], folder: str | Path, predict: Sequence[int] | None = None) -> list[str]:
     """The law per criterion, each prediction and its outcome, and where a new prediction was frozen."""
-    lines = [f"law ({criterion}): {law['reason']}" for criterion, law in analysis["law"].items()]
-    lines += [f"prediction H={p['H']} {p['criterion']}: dP* {bracket_text(p['bracket'])} -> measured "
+    lines = [f"law ({CRITERION_NAMES.get(criterion, criterion)}): {law['reason']}"
+             for criterion, law in analysis["law"].items()]
+    lines += [f"prediction H={p['H']} {JSON_CRITERIA.get(p['criterion'], p['criterion'])}: dP* "
+              f"{bracket_text(p['bracket'])} -> measured "
               f"{bracket_text(p['measured'])}: {p['outcome']}" for p in analysis["predictions"]]
     if predict:
         lines.append(f"prediction frozen in {Path(folder) / PREDICTION_FILE}: commit it, and write it into "

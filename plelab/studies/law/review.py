@@ -19,7 +19,7 @@ from typing import Any
 from plelab import stats
 from plelab.diagnostics.early import TRIVIAL_RANKER
 from plelab.studies.deadzone.analysis import PAIRED_RULE
-from plelab.studies.law.analysis import TRAINED_RULE, collapse
+from plelab.studies.law.analysis import PUBLISHED, TRAINED_RULE, collapse
 from plelab.studies.law.report import write_law_report
 
 LAW_JSON = "law.json"
@@ -45,7 +45,8 @@ def _ranker_rows(widths: list[dict[str, Any]], form: str, hs: list[int]) -> list
 
 def upgrade_law(analysis: dict[str, Any], draws: int = 20_000) -> dict[str, Any]:
     """An old law.json analysis with every section the new code adds that its per-seed data allow (module doc)."""
-    out = {**analysis, "widths": [], "paired_rule": PAIRED_RULE,
+    # the published points are reference data, not this study's: today's wording of them
+    out = {**analysis, "widths": [], "paired_rule": PAIRED_RULE, "published": PUBLISHED,
            "trained_rule": TRAINED_RULE + " Not evaluable for these runs (loss curves not committed); the old rule "
                                           "passed every run."}
     for w in analysis["widths"]:

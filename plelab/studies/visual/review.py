@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from plelab.diagnostics.verdict import today_names
 from plelab.studies.review import (
     HEAD,
     POST_HOC,
@@ -54,7 +55,7 @@ def visual_review(report_md: str, n: int = 3, effect: float = 0.002) -> dict[str
         for row in health["rows"]:
             pm = parse_pm(row[hh.index("ablation Δ (± s.e. over seeds)")])
             ablation[row[0]] = {"table_vs_gaussian": row[hh.index("table vs Gaussian")],
-                                "verdicts": row[hh.index("verdicts")],
+                                "verdicts": today_names(row[hh.index("verdicts")]),
                                 "ablation": None if pm is None else {"mean": pm[0], "se": pm[1]}}
     return {"n": n, "effect_of_interest": effect, "vs_none": vs_none, "fix": fixes, "tables": ablation}
 
@@ -83,7 +84,9 @@ def visual_blocks(r: dict[str, Any], folder: str) -> list[Block]:
             for v, t in r["tables"].items()]
     blocks += [("h", 2, "Table verdicts beside their ablation cost"),
                ("p", "A table the spectral tests call random-like can still be read by the model: its ablation cost "
-                     "says how much. λ = 1: random-like in 3/3 seeds, ablation 0.22 nats."),
+                     "says how much. λ = 1: random-like in 3/3 seeds, ablation 0.22 nats. The verdicts are the "
+                     "committed report's per-run words in today's names (alive: used; dead, weak: not used, since "
+                     "without the equivalence test unused and not resolved cannot be told apart)."),
                ("table", ["config", "table vs Gaussian", "verdicts", "ablation Δ ± s.e."], rows)]
     return blocks
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from plelab.diagnostics.early import run_signals
+from plelab.diagnostics.verdict import USED as USED_VERDICTS
 from plelab.errors import PlelabError
 from plelab.runs.metrics import read_metrics
 from plelab.studies.deadzone.analysis import paired_table
@@ -204,7 +205,7 @@ def test_gather_reads_a_real_sweep(finished_sweep):
     runs = gather(finished_sweep)
     assert sorted((r["ple_dim"], r["seed"]) for r in runs) == [(0, 1), (0, 2), (8, 1), (8, 2)]
     ple = [r for r in runs if r["ple_dim"]]
-    assert all(r["verdict"] in ("used", "unused", "not resolved", "harmful") and r["trained"]["trained"] is not None
+    assert all(r["verdict"] in USED_VERDICTS and r["trained"]["trained"] is not None
                for r in ple)
     assert all(r["train_seconds"] > 0 for r in runs)
     for r in ple:  # 12 steps logged every 4: the candidates exist from a third of training on (the monitor logs them)
@@ -263,6 +264,9 @@ def test_params_suggest_ple_reads_the_committed_law(monkeypatch, tmp_path, capsy
     assert ("used in every seed (dependence, not benefit): dP >= 8 at every measured width; dP <= 4: not used in "
             "every seed") in out
     assert "H=128 used: hit" in out and "90%" in out and "warning" not in out
+    assert main(["params", "tiny", "--suggest-ple", "--set", "hidden_size=64", "--json"]) == 0
+    scripted = capsys.readouterr().out  # what a script reads says used / pays, as the text does
+    assert '"criterion": "used"' in scripted and "alive" not in scripted
     assert main(["params", "seed-3b", "--suggest-ple"]) == 0
     assert "outside the tested widths" in capsys.readouterr().out
     # Alive at the smallest dP of every width: the law is an upper bound, and says so instead of "dP <= 0: dead".
