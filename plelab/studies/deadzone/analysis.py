@@ -165,16 +165,25 @@ def conclusion(steps: Sequence[dict[str, Any]], table: Sequence[dict[str, Any]] 
     sig = [i for i, c in enumerate(cls) if c in ("transition", "diminishing returns", "improvement")]
     dead = [i for i, c in enumerate(cls) if c == "dead zone"]
     open_ = [i for i, c in enumerate(cls) if c == "not resolved"]
+    worse = [i for i, c in enumerate(cls) if c == "worse"]
     if not steps or all(c == "n/a" for c in cls):
         return {"pattern": "unknown", "dead_zone": None, "text": "not enough finished runs (two seeds per dP) to "
                 "separate changes from noise"}
+    if worse:
+        # a step that raises the loss beyond noise is neither a plateau nor a gain: say so before any pattern
+        which = ", ".join(names[i] for i in worse)
+        return {"pattern": "a step worse", "dead_zone": None if not sig else False,
+                "text": f"{which} raises the loss beyond noise" + (
+                    f", while {', '.join(names[i] for i in sig)} lowers it" if sig else "")
+                + ": no plateau-then-transition reading is drawn from a curve with a step that costs loss"}
     margin = f"the plan's +-{steps[0]['margin']:g} margin" if steps[0].get("margin") else "the margin"
     seed_like = [i for i in dead if any(j > i for j in sig)]
     if seed_like:
         later = ", ".join(names[j] for j in sig if j > seed_like[0])
         text = (f"a dead zone appears: {', '.join(names[i] for i in seed_like)} lies inside {margin} by an "
                 f"equivalence test (a plateau at that resolution, not a proof of no change), and a later step "
-                f"({later}) improves the loss beyond noise: the published plateau-then-transition pattern")
+                f"({later}) improves the loss beyond noise: at this margin, the shape of the published "
+                "plateau-then-transition pattern")
         return {"pattern": "dead zone then transition", "dead_zone": True, "text": text}
     before = [i for i in open_ if any(j > i for j in sig)]
     if before:
@@ -185,9 +194,11 @@ def conclusion(steps: Sequence[dict[str, Any]], table: Sequence[dict[str, Any]] 
     better = [r for r in table[1:] if r.get("significant") and r["delta"] < 0]
     if not sig and better:
         which = ", ".join(f"dP={r['ple_dim']} ({r['delta']:+.4f} +- {r['delta_se']:.4f})" for r in better)
-        text = (f"no single step between consecutive dP values is resolved from the seed-to-seed noise, but {which} "
-                f"beats dP={table[0]['ple_dim']} beyond noise: a gradual gain whose per-step size is below the noise, "
-                "so at this noise level the loss curve cannot place a dead zone or a transition")
+        inside = (f" ({', '.join(names[i] for i in dead)} inside {margin} by an equivalence test, yet larger dPs "
+                  "beat dP=0: inside the margin is not a plateau here)") if dead else ""
+        text = (f"no single step between consecutive dP values is resolved from the seed-to-seed noise{inside}, but "
+                f"{which} beats dP={table[0]['ple_dim']} beyond noise: a gradual gain whose per-step size is below "
+                "the noise, so at this noise level the loss curve cannot place a dead zone or a transition")
         return {"pattern": "gradual", "dead_zone": None, "text": text}
     if not sig and dead and not open_:
         return {"pattern": "flat", "dead_zone": True, "text": f"every step lies inside {margin} by an equivalence "
@@ -247,7 +258,7 @@ def verdict_table(points: Sequence[dict[str, Any]], table: Sequence[dict[str, An
             "ablation_early": _mean_std_dict((d.get("early") or {}).get("ablation_delta_loss") for d in diag),
             "injection_ratio": _mean_std_dict(_mean(_nums(x.get("injection_ratio") for x in d.get("layers", [])))
                                               for d in diag),
-            "loss_gain_significant": sig.get(dim),
+            "loss_delta_beyond_2se_unpaired": sig.get(dim),
         })
     return {"rows": rows, "early_agrees": agree, "early_proxy_agrees": proxy_agree, "compared": total}
 
@@ -288,9 +299,11 @@ def folder_note(points: list[dict[str, Any]]) -> str | None:
     missing = [p for p in points if not (Path(p["dir"]) / METRICS_FILE).is_file()]
     if not missing:
         return None
+    shown = len(points) - len(missing)
+    plots = (f"the training-loss curves and injection heatmaps show only the other {shown}" if shown else
+             "there are no training-loss curves or injection heatmaps (the report as first committed has them)")
     return (f"{len(missing)} of {len(points)} finished runs have no run folder on this disk (restored from a "
-            "snapshot: `plelab sweep --restore`): their evaluations and results are in every table, but the "
-            f"training-loss curves and injection heatmaps show only the other {len(points) - len(missing)}")
+            f"snapshot: `plelab sweep --restore`): their evaluations and results are in every table, but {plots}")
 
 
 def with_eval_losses(point: dict[str, Any], domains: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -346,4 +359,6 @@ def analyze_sweep(folder: str | Path, plan: str | Path | None = None) -> dict[st
         "rules": STEP_RULES, "noise_sigmas": NOISE_SIGMAS,
         "groups": analysed,
         "config": (runs[0]["config"] if runs else {}), "plan": plan_analysis,
+        "schedules": sorted({(r["config"].get("max_steps"), r["config"].get("warmup_steps"))
+                             for r in runs if r.get("config")}, key=lambda s: (s[0] or 0, s[1] or 0)),
     })

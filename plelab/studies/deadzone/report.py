@@ -15,8 +15,10 @@ def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "-"
 
 
-def config_blocks(cfg: dict[str, Any], grid: dict[str, list[Any]]) -> list[Block]:
-    """What was trained, in one table (the first run's config; the grid says what varies)."""
+def config_blocks(cfg: dict[str, Any], grid: dict[str, list[Any]],
+                  schedules: Sequence[Sequence[Any]] = ()) -> list[Block]:
+    """What was trained, in one table (the first run's config; the grid says what varies, and `schedules`, the
+    runs' (max_steps, warmup_steps), the training lengths when there are several)."""
     if not cfg:
         return []
     m, ple = cfg.get("model", {}), cfg.get("model", {}).get("ple", {})
@@ -27,8 +29,10 @@ def config_blocks(cfg: dict[str, Any], grid: dict[str, list[Any]]) -> list[Block
         ["model", f"H={m.get('hidden_size')}, {m.get('num_layers')} layers, {m.get('num_heads')} heads, "
                   f"FFN {m.get('ffn', {}).get('intermediate_size')}, vocab {m.get('vocab_size')}"],
         ["PLE", f"{form}, output RMSNorm {'on' if ple.get('output_norm') else 'off'}"],
-        ["training", f"{cfg.get('max_steps')} steps x {tokens:,} tokens = {cfg.get('max_steps', 0) * tokens:,} tokens, "
-                     f"lr {cfg.get('lr')}, warmup {cfg.get('warmup_steps')}"],
+        ["training", (f"{cfg.get('max_steps')} steps x {tokens:,} tokens = {cfg.get('max_steps', 0) * tokens:,} "
+                      f"tokens, lr {cfg.get('lr')}, warmup {cfg.get('warmup_steps')}") if len(schedules) < 2 else
+                     ("; ".join(f"{n:,} steps ({n * tokens / 1e6:.2f}M tokens, warmup {w})" for n, w in schedules)
+                      + f" x {tokens:,} tokens a step, lr {cfg.get('lr')}")],
         ["data", f"{cfg.get('data')}; eval {cfg.get('eval_data') or 'held-out split'} "
                  f"(<= {cfg.get('eval_tokens'):,} tokens per domain)"],
         ["diagnostics", f"every {cfg.get('diagnostics_every')} steps; early warning at "
@@ -46,13 +50,18 @@ def seed_table_blocks(g: dict[str, Any]) -> list[Block]:
              "-" if r["ple_dim"] == ref else f"{fmt(r['delta'], '+.4f')} ± {fmt(r['delta_se'])}",
              "-" if r["ple_dim"] == ref else {True: "yes", False: "no", None: "?"}[r["significant"]]]
             for r in g["table"]]
+    def step_class(s: dict[str, Any]) -> str:
+        # the margin and the metric beside the word, so "dead zone" is never read without them
+        return f"dead zone (inside ±{s['margin']:g}, TOST)" if s["class"] == "dead zone" else s["class"]
     steps = [[f"{s['from']} → {s['to']}", fmt(s["delta"], "+.4f"), fmt(s["noise"]), fmt(s["z"], "+.1f"),
-              fmt(s["gain_per_doubling"], "+.4f"), s["class"]] for s in g["steps"]]
+              fmt(s["gain_per_doubling"], "+.4f"), step_class(s)] for s in g["steps"]]
     return [
         ("h", 2, "Loss vs dP (the seed's table)"),
         ("table", ["dP", "added params", "% of base", "seeds", "loss (mean ± seed std)",
                    f"Δ vs dP={ref} (± s.e.)", f"|Δ| > {NOISE_SIGMAS:g} s.e.?"], rows),
         ("h", 2, "Steps between consecutive dP values"),
+        ("p", "Post hoc, on the macro loss above, unpaired (seed means and seed spreads): a description of the "
+              "curve's shape. The registered tests and the paired tables below are the seed-level tests."),
         ("table", ["step", "Δ loss", "noise (s.e.)", "z", "gain per doubling", "class"], steps),
         ("p", "Rule:"), ("list", g.get("rules") or []),
         ("p", f"**Conclusion:** {g['conclusion']['text']}."),
@@ -97,7 +106,7 @@ def verdict_blocks(g: dict[str, Any]) -> list[Block]:
              pm(r["ablation_early"]["mean"], r["ablation_early"]["std"]),
              pm(r["ablation_final"]["mean"], r["ablation_final"]["std"]),
              pm(r["injection_ratio"]["mean"], r["injection_ratio"]["std"], ".3f"),
-             {True: "yes", False: "no", None: "?"}[r["loss_gain_significant"]]] for r in v["rows"]]
+             {True: "yes", False: "no", None: "?"}[r["loss_delta_beyond_2se_unpaired"]]] for r in v["rows"]]
     n = v["compared"]
     return [
         ("h", 2, "Used (dependence): early warning vs end of training"),
@@ -111,7 +120,8 @@ def verdict_blocks(g: dict[str, Any]) -> list[Block]:
               "ratio: mean ± seed std."),
         ("table", ["dP", "used (final)", "used (early)", "early proxies", "early = final",
                    "early proxies = final", "ablation Δ early",
-                   "ablation Δ final", "injection ratio (final)", "loss gain significant"], rows),
+                   "ablation Δ final", "injection ratio (final)",
+                   f"macro Δ vs dP=0 beyond {NOISE_SIGMAS:g} s.e. (unpaired; the paired test is above)"], rows),
         ("p", f"The early used verdict matched the final one in {v['early_agrees']}/{n} runs; the early "
               f"proxies alone matched it in {v['early_proxy_agrees']}/{n}."),
     ]
@@ -141,7 +151,7 @@ def build_blocks(analysis: dict[str, Any], figures: dict[str, list[tuple[str, st
     plan = analysis.get("plan") or {}
     blocks += plan_blocks(plan) + (power_blocks(plan["power"]) if plan.get("power") else [])
     blocks += [("list", analysis["notes"])] if analysis.get("notes") else []
-    blocks += config_blocks(analysis.get("config") or {}, analysis.get("grid") or {})
+    blocks += config_blocks(analysis.get("config") or {}, analysis.get("grid") or {}, analysis.get("schedules") or ())
     blocks += list(sweep_blocks)
     for g in analysis["groups"]:
         g = {**g, "rules": analysis["rules"]}

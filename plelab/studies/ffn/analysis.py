@@ -85,9 +85,10 @@ RULES = {
                "degradation / gain (not uniform) (macro significant, domains not uniform); equivalent (macro "
                "inside the margin by TOST); not resolved (otherwise)",
     "illusory_convergence": "open = significant and not inside the margin; closed = inside the margin by TOST "
-                            "(needs a margin; without one nothing is ever closed); flagged when the gap is open at "
-                            "some point, closed at a later one, and open again (worse) after that, with the "
-                            "per-seed rise from the closed point itself significantly > 0",
+                            "with no gap resolved (needs a margin; without one nothing is ever closed); 'open, "
+                            "within margin' = significant and inside the margin (neither open nor closed); flagged "
+                            "when the gap is open at some point, closed at a later one, and open again (worse) "
+                            "after that, with the per-seed rise from the closed point itself significantly > 0",
 }
 
 # SPEC §5: the published MGLU (n_m = 1) vs SwiGLU study, 3B parameters trained from scratch.
@@ -205,7 +206,7 @@ def variant_summary(finals: Finals, baseline: str, variant: str,
     out.update(domains_worse=signs.count(1), domains_better=signs.count(-1), domains_positive=positive,
                domains_negative=negative, domains_total=len(evals), domain_signs=signs,
                heldout_delta=held.get("delta"), heldout_delta_se=held.get("se"), heldout_p=held_test["p"],
-               heldout_ci95=held_test["ci95"], heldout_tost=held_test["tost"])
+               heldout_ci95=held_test["ci95"], heldout_tost=held_test["tost"], heldout_n=held.get("n", 0))
     return out
 
 
@@ -218,7 +219,8 @@ def _family_verdicts(rows: dict[str, dict[str, Any]], baseline: str, alpha: floa
             r = rows[v]
             r[f"{key}_p_holm"] = p
             mean, se = r[f"{key}_delta"], r[f"{key}_delta_se"]
-            c = stats.compare(_num(mean), _num(se), r["n_pairs"], (r[f"{key}_tost"] or {}).get("margin"), alpha, p=p)
+            n = r["n_pairs"] if key == "macro" else r.get("heldout_n", r["n_pairs"])  # each metric its own pairs
+            c = stats.compare(_num(mean), _num(se), n, (r[f"{key}_tost"] or {}).get("margin"), alpha, p=p)
             r[f"{key}_outcome"] = c["outcome"]
     for v in names:
         r = rows[v]
@@ -271,12 +273,15 @@ def gap_timeline(timelines: Timelines, baseline: str, variant: str, margin: floa
 
 
 def gap_status(p: dict[str, Any], margin: float | None, alpha: float = stats.ALPHA) -> dict[str, Any]:
-    """{"status": open / closed / not resolved / n/a, "p", "ci95"} of one timeline point (RULES)."""
+    """{"status": open / open, within margin / closed / not resolved / n/a, "p", "ci95"} of one timeline point
+    (RULES)."""
     c = stats.compare(_num(p["gap"]), _num(p["se"]), p["n"], margin, alpha)
     if c["outcome"] in ("worse", "better"):
         status = "open"
-    elif c["outcome"] in ("equivalent", "worse, within margin", "better, within margin"):
+    elif c["outcome"] == "equivalent":
         status = "closed"
+    elif c["outcome"] in ("worse, within margin", "better, within margin"):
+        status = "open, within margin"  # a gap resolved inside the margin is real: never "closed"
     else:
         status = c["outcome"]  # not resolved / n/a
     return {"status": status, "p": c["p"], "ci95": c["ci95"]}

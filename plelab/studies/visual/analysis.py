@@ -41,7 +41,8 @@ RULES = {
                "mean ± s.e. = sd/√n over the paired seeds",
     "helps": "a config helps when its paired Δ is significantly below 0 and hurts when significantly above: "
              "two-sided 5 % paired t test over the seeds (t = 4.30 s.e. for 3 seeds), Holm-corrected over every "
-             "config compared with no visual PLE (one family); fewer than 2 paired seeds: no test. Not significant "
+             "config with visual PLE compared with no visual PLE (one family; a no-table config against another is "
+             "description, not tested); fewer than 2 paired seeds: no test. Not significant "
              "is 'not resolved' (95 % CI printed), never 'no difference'",
     "structured": "a config's table is structured when every diagnosed seed's table is structured by the "
                   "diagnostics' rule (below), random-like when every seed's is random-like, mixed otherwise",
@@ -154,6 +155,8 @@ def analyze_vision_study(finals: dict[str, dict[int, dict[str, dict[str, float]]
             ref = baseline
         if v != baseline:
             row["reference"] = ref
+            # a fallback reference of another setting (e.g. a pixel path this config lacks): its Δ includes that
+            row["reference_same_setting"] = facts.get(ref, {}).get("setting") == mine.get("setting")
             d = stats.paired(losses.get(ref, {}), losses[v])
             test = stats.t_test(d["mean"], d["se"], d["n"])
             row.update(delta=d["mean"] if d["n"] else None, delta_se=d["se"], delta_n=d["n"], delta_p=test["p"],
@@ -182,12 +185,19 @@ def analyze_vision_study(finals: dict[str, dict[int, dict[str, dict[str, float]]
 
 def _holm_helps(rows: dict[str, dict[str, Any]], baseline: str, alpha: float = stats.ALPHA) -> None:
     """helps / hurts per config from its paired Δ vs no visual PLE, Holm-corrected over every config (RULES)."""
-    names = [v for v in rows if v != baseline]
+    # only configs with visual PLE are tested: a no-table config against another no-table one (another length)
+    # says nothing about visual PLE, and in the family it would only make the correction stricter
+    names = [v for v in rows if v != baseline and rows[v].get("ple_dim")]
+    for v in rows:
+        if v != baseline and v not in names:
+            rows[v].update(delta_p_holm=None, delta_sig=None, helps=None,
+                           outcome="not tested (no visual PLE: description)")
     adjusted = stats.holm([rows[v].get("delta_p") for v in names], alpha)["adjusted"]
     for v, p in zip(names, adjusted, strict=True):
         row = rows[v]
         sig = None if p is None else 0 if p >= alpha else (1 if row["delta"] > 0 else -1)
-        row.update(delta_p_holm=p, delta_sig=sig, helps={-1: True, 0: False, 1: False, None: None}[sig],
+        # helps: True / False (hurts) / None (not resolved, or no test): "no" only where the test says so
+        row.update(delta_p_holm=p, delta_sig=sig, helps={-1: True, 0: None, 1: False, None: None}[sig],
                    outcome={1: "hurts", -1: "helps", 0: "not resolved", None: "n/a"}[sig])
 
 
@@ -233,7 +243,8 @@ def _fix_effect(rows: dict[str, dict[str, Any]], variant: str, baseline: str) ->
             "change_rank_vs_reference": rank,
             "turned_structured": None if rank is None else rank["structured"],
             "spread_apart_post_hoc": None if rank is None else rank["spread_apart"],
-            "helps": row.get("helps"), "delta": row.get("delta"), "delta_se": row.get("delta_se"),
+            "helps": row.get("helps"), "outcome": row.get("outcome"), "delta": row.get("delta"),
+            "delta_se": row.get("delta_se"),
             "delta_vs_reference": vs_ref["mean"] if vs_ref and vs_ref["n"] else None,
             "delta_vs_reference_se": vs_ref["se"] if vs_ref else None}
 
@@ -247,9 +258,13 @@ def _conclusions(a: dict[str, Any]) -> list[str]:
         beyond = [r["variant"] for r in toks if (r.get("vs_control") or {}).get("structured")]
         tested = [r for r in toks if (r.get("vs_control") or {}).get("structured") is not None]
         hurt = [r["variant"] for r in toks if r.get("delta_sig") == 1]
+        other = [v for v in hurt if rows[v].get("reference_same_setting") is False]
+        caveat = (f"; {', '.join(other)} against a no-table model of another setting (e.g. with the pixel path it "
+                  "lacks), so that rise includes the difference of setting") if other else ""
         out.append(f"Visual PLE without the aux loss: {len(helped)}/{len(toks)} configs lower the caption loss "
                    f"significantly vs no visual PLE ({', '.join(helped) or 'none'}), {len(hurt)}/{len(toks)} raise it "
-                   f"({', '.join(hurt) or 'none'}; Holm over every config); tables random-like vs a "
+                   f"({', '.join(hurt) or 'none'}; Holm over every config with visual PLE{caveat}); tables "
+                   "random-like vs a "
                    f"Gaussian table in {len(random_like)}/{len(toks)} ({', '.join(random_like) or 'none'}); id "
                    f"structure beyond the random-id control ({a.get('control') or 'absent'}) in "
                    f"{len(beyond)}/{len(tested)} tested ({', '.join(beyond) or 'none'}).")
@@ -265,9 +280,8 @@ def _conclusions(a: dict[str, Any]) -> list[str]:
                  None: "table effect unknown (not diagnosed)"}[f["turned_structured"]]
         if f.get("spread_apart_post_hoc"):
             table += " (post hoc, not the pre-set rule: the rank went significantly up, the ids spread apart)"
-        loss = {True: "beats", False: "does not beat", None: "cannot yet be compared with"}[f["helps"]]
-        if f["helps"] is False:
-            loss = "is not resolved from" if rows[f["variant"]].get("delta_sig") == 0 else "does not beat"
+        loss = {-1: "beats", 1: "does not beat", 0: "is not resolved from"}.get(
+            rows[f["variant"]].get("delta_sig"), "cannot yet be compared with")
         rank = f.get("change_rank_vs_reference") or {}
         out.append(f"Fix {f['variant']} (λ = {f['aux_weight']:g}): {table} (effective-rank fraction of the change "
                    f"vs {f['reference']}: {fmt(rank.get('delta'), '+.3f')} ± {fmt(rank.get('se'), '.3f')}; vs a "

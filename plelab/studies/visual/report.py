@@ -38,7 +38,9 @@ def loss_blocks(a: dict[str, Any]) -> list[Block]:
     """Caption loss per config and Δ vs no visual PLE."""
     rows = [[r["variant"], r.get("tokenizer") or "-", str(r.get("ple_dim") or 0), fmt(r.get("aux_weight"), "g"),
              fmt(r.get("mi_bits"), ".3f"), str(r["n"]), pm(r["loss"], r["loss_se"]),
-             "reference" if v == a["baseline"] else f"{r.get('reference', a['baseline'])}: {_delta(r)}"]
+             "reference" if v == a["baseline"] else f"{r.get('reference', a['baseline'])}: {_delta(r)}"
+             + (" (reference of another setting: Δ includes that difference)"
+                if r.get("reference_same_setting") is False else "")]
             for v, r in a["rows"].items()]
     return [("h", 2, "Caption loss"),
             ("p", f"Δ is paired by seed against the config without visual PLE of the same setting (length, pixel "
@@ -88,7 +90,7 @@ def fix_blocks(a: dict[str, Any]) -> list[Block]:
     rows = [[f["variant"], fmt(f["aux_weight"], "g"), f["reference"] or "-", f["reference_structured"] or "-",
              f["structured"] or "-", _vs(f.get("change_rank_vs_reference")),
              pm(f["delta_vs_reference"], f["delta_vs_reference_se"]), pm(f["delta"], f["delta_se"]),
-             {True: "yes", False: "no", None: "?"}[f["helps"]]] for f in a["fix"]]
+             f.get("outcome") or "n/a"] for f in a["fix"]]
     best = a.get("best_tokenizer")
     pick = (f"Best tokenizer by MI: **{best['tokenizer']}** ({best['mi_bits']:.3f} bits)." if best
             else "Best tokenizer by MI: unknown (no tokenizer corpus but the random control has an MI in its "
@@ -96,7 +98,7 @@ def fix_blocks(a: dict[str, Any]) -> list[Block]:
     return [("h", 2, "The fix: the ids become prediction targets"), ("p", pick),
             ("table", ["config", "λ", "reference (no aux)", "reference vs Gaussian", "fix vs Gaussian",
                        "Δ rank fraction vs reference (turned structured?)",
-                       "Δ vs reference", f"Δ vs {a['baseline']}", "beats no visual PLE?"], rows)]
+                       "Δ vs reference", f"Δ vs {a['baseline']}", "vs no visual PLE (Holm)"], rows)]
 
 
 def published_blocks(a: dict[str, Any]) -> list[Block]:

@@ -73,6 +73,17 @@ def test_conclusions(curve, margin, pattern):
     assert conclusion(classify_steps(table, margin), table)["pattern"] == pattern
 
 
+def test_a_step_that_costs_loss_is_never_read_as_flat():
+    # 0 -> 8 inside the margin, 8 -> 16 worse beyond noise: the old conclusion called this "flat"
+    curve = {0: [1.0, 1.01, 1.005], 8: [1.0, 1.01, 1.005], 16: [1.1, 1.11, 1.105]}
+    table = seed_table(runs(curve))
+    steps = classify_steps(table, 0.05)
+    assert [s["class"] for s in steps] == ["dead zone", "worse"]
+    result = conclusion(steps, table)
+    assert result["pattern"] == "a step worse" and "8 -> 16 raises the loss" in result["text"]
+    assert result["dead_zone"] is None
+
+
 def test_small_steps_that_add_up_beyond_noise_are_called_gradual_not_flat():
     # Each step gains 0.02 against a step noise of ~0.016 (within 2 s.e.), but 0 -> 16 gains 0.04 beyond it.
     curve = {0: [2.0, 2.02, 1.98], 8: [1.98, 2.0, 1.96], 16: [1.96, 1.98, 1.94]}

@@ -11,6 +11,7 @@ from plelab.stats import significance, t_critical
 from plelab.studies.ffn.analysis import (
     PUBLISHED_DOMAINS,
     analyze_study,
+    gap_status,
     illusory_convergence,
     paired_delta,
 )
@@ -211,7 +212,13 @@ def test_a_reopening_within_the_noise_of_the_change_is_not_flagged():
               {"tokens": 2, "gap": 0.03, "se": 0.0006, "n": 3, "per_seed": {1: 0.029, 2: 0.03, 3: 0.031}}]
     assert significance(points[2]["gap"], points[2]["se"], 3) == 1
     assert illusory_convergence(points, margin=0.01) is None
+    # A gap resolved inside the margin (0.004 +- 0.0006, p 0.02) is real: "open, within margin", never closed
     points[1].update(se=0.000577, per_seed={1: 0.003, 2: 0.004, 3: 0.005})
+    assert gap_status(points[1], 0.01)["status"] == "open, within margin"
+    assert illusory_convergence(points, margin=0.01) is None
+    # Closed: nothing resolved and the interval inside the margin (0.001 +- 0.0006, p 0.23)
+    points[1].update(gap=0.001, se=0.000577, per_seed={1: 0.0, 2: 0.001, 3: 0.002})
+    assert gap_status(points[1], 0.01)["status"] == "closed"
     found = illusory_convergence(points, margin=0.01)
     assert (found["open_tokens"], found["closed_tokens"], found["reopened_tokens"]) == (0, 1, 2)
     # Without the open point before it, the same closed-then-worse pair is a gap opening, not a convergence.

@@ -59,7 +59,7 @@ def _diag(structured: bool, seed: int, ablation: float = 0.0) -> dict:
     table = init + (torch.randn(64, 1, generator=g) @ torch.randn(1, 16, generator=g)).view(64, 2, 8) * 3 \
         if structured else torch.randn(64, 2, 8, generator=g)
     report = table_report(table, init)
-    abl = {"delta": ablation, "se": 0.001}
+    abl = {"delta": ablation, "se": 0.001, "n": 8}
     return {"visual_ple": True, "table": report, "ablation": abl, "injection_ratio": {0: 0.1, 1: 0.3},
             "verdict": vision_verdict(report["random_like"], abl)}
 
@@ -101,7 +101,8 @@ def analysis() -> dict:
 
 def test_helps_and_hurts_follow_the_paired_t_rule():
     rows = analysis()["rows"]
-    assert rows["dct"]["helps"] is False and rows["dct"]["delta_sig"] == 0  # published-like: within noise
+    # published-like: within noise, so neither helps nor hurts (not "no")
+    assert rows["dct"]["helps"] is None and rows["dct"]["delta_sig"] == 0 and rows["dct"]["outcome"] == "not resolved"
     assert rows["vq"]["delta_sig"] == 1 and rows["vq"]["helps"] is False  # consistently worse: hurts
     assert rows["fix"]["helps"] is True and rows["fix"]["delta"] == pytest.approx(-0.05)
     assert rows["rand"]["helps"] is None and rows["rand"]["delta_n"] == 1  # one paired seed: no test
