@@ -75,8 +75,9 @@ def outcome_rows(studies: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-OUTCOME_HEADERS = ["study", "test", "metric", "seeds", "Δ ± s.e. (nats)", "95 % CI", "p (corrected)", "outcome",
-                   "predicted", "counts as a hit", "prediction"]
+OUTCOME_HEADERS = ["study", "test", "metric", "seeds", "Δ ± s.e. (nats)", "95 % CI",
+                   "p (as tested: the plan's correction; a gate alone)", "outcome", "predicted", "counts as a hit",
+                   "prediction"]
 
 
 def study_lines(studies: list[dict[str, Any]]) -> list[str]:

@@ -71,7 +71,10 @@ def onset_figures(a: dict[str, Any]) -> dict[str, bytes]:
         ax.errorbar(x, y, yerr=err, fmt="o-" if h == max(s[0] for s in series) else "s--", capsize=2, ms=3,
                     color=f"C{k % 10}", label=f"H = {h}, dP = {dim} (1/{round(h / dim)})")
     ax.axhline(0, color="k", lw=0.8)
-    ax.axhspan(-0.01, 0.01, color="0.85", zorder=0, label="the registered margin, +-0.01")
+    margins = {((w.get("plan") or {}).get("evaluation") or {}).get("margin") for w in a["widths"]} - {None}
+    if len(margins) == 1:  # the plans' own margin (both widths register the same one)
+        m = margins.pop()
+        ax.axhspan(-m, m, color="0.85", zorder=0, label=f"the registered margin, +-{m:g}")
     ax.set_xscale("log")
     ax.set_xlabel("training tokens per non-embedding parameter")
     ax.set_ylabel("gain over dP = 0 (nats)")
