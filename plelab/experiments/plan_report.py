@@ -39,6 +39,15 @@ def _ci(ci: Any) -> str:
     return "-" if not ci else f"[{fmt(ci[0], '+.4f')}, {fmt(ci[1], '+.4f')}]"
 
 
+def _decision(r: dict[str, Any], tost: dict[str, Any]) -> str:
+    """The registered decision text, with the margin beside it where the outcome is an equivalence: a decision
+    such as "changes nothing" is only ever shown inside a margin."""
+    if not r["decision"]:
+        return "-" if r["prediction"] is None else "no decision registered for this outcome"
+    within = r["outcome"] in ("equivalent", "better, within margin", "worse, within margin") and tost.get("margin")
+    return r["decision"] + (f" (within ±{tost['margin']:g} nats, by the equivalence test)" if within else "")
+
+
 def plan_blocks(pa: dict[str, Any] | None) -> list[Block]:
     """The banner, then (with a plan) one row per registered comparison / dose-response with its decision."""
     blocks: list[Block] = [("p", plan_banner(pa))]
@@ -56,7 +65,7 @@ def plan_blocks(pa: dict[str, Any] | None) -> list[Block]:
                      fmt(t.get("p_used"), ".3g"),
                      "-" if not tost else f"±{tost['margin']:g}: p {fmt(tost.get('p'), '.3g')}",
                      r["outcome"], r["predicted"] or "-", hits_text(r), r["prediction"] or "-",
-                     r["decision"] or ("-" if r["prediction"] is None else "no decision registered for this outcome")])
+                     _decision(r, tost)])
     gate = ev.get("gate")
     family = ev.get("family_size", len(rows))
     gating = "" if not gate else (
