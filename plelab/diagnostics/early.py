@@ -90,7 +90,8 @@ USED_LABELS = ("used", "alive")
 
 
 def apply_rule(rule: dict[str, Any], value: float | None) -> str | None:
-    """'used' / 'not used' by the rule, None when the signal is missing."""
+    """'used' / 'not used' by the rule, None when the signal is missing. The early rule has two classes: 'not used'
+    is every final verdict but used (unused, the within-margin ones, not resolved, harmful), not 'unused'."""
     if value is None or not math.isfinite(value):
         return None
     return "used" if value > rule["threshold"] else "not used"
@@ -253,7 +254,9 @@ def predict_run(metrics: Sequence[dict[str, Any]], total_steps: int, rule: dict[
     value = reached["values"].get(rule["signal"])
     out["prediction"] = apply_rule(rule, value)
     out["value"] = value
-    out["text"] = (f"early prediction: {out['prediction'] or 'unknown (signal not logged)'} - {describe_rule(rule)}; "
+    said = {"not used": "not used (the final verdict will not be 'used': unused, not resolved or harmful)"}
+    shown = said.get(out["prediction"], out["prediction"]) or "unknown (signal not logged)"
+    out["text"] = (f"early prediction: {shown} - {describe_rule(rule)}; "
                    f"here {value if value is None else format(value, '.4g')} at step {reached['step']}; "
                    f"measured accuracy: {accuracy}")
     return out
