@@ -81,7 +81,7 @@ def print_status(status: dict) -> None:
     counts = ", ".join(f"{n} {k}" for k, n in sorted(status["counts"].items()))
     left = status["training_left_seconds"]
     eta = "" if not left else (f"~{left / 3600:.1f} h of training left at {status['parallel']} at a time, at the "
-                               "finished runs' pace; ")
+                               f"pace of {status.get('pace_from', 'the finished runs')}; ")
     print(f"\n{status['sweep']}: {counts} of {status['total']} runs; {status['progress']:.0%} of all steps; "
           f"{eta}database {status['database']}")
     if status["not_in_grid"]:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -420,17 +421,25 @@ def run_one(sweep: Sweep, name: str) -> str:
         return execute_point(sweep, sweep.point(name), store, quiet=True, extra_callbacks=[ParentWatch()])
 
 
-def training_left(runs: list[dict[str, Any]], parallel: int) -> float | None:
-    """Wall seconds of training the unfinished runs still need, `parallel` at a time, from the finished runs'
-    seconds per step (a variant's own when it has finished runs); evaluation not included. None before any run
-    has finished."""
+RECENT_STEPS = 200
+"""Steps of each running run's log that give the sweep's current pace."""
+
+
+def training_left(runs: list[dict[str, Any]], parallel: int,
+                  recent: dict[str, float] | None = None) -> float | None:
+    """Wall seconds of training the unfinished runs still need, `parallel` at a time, evaluation not included.
+    The pace per step is a variant's running runs' median over their last RECENT_STEPS steps (`recent`: variant ->
+    seconds a step; what the machine gives now), else its finished runs' mean (which keeps whatever load they
+    trained under), else the overall one. None before any run has finished or logged a step."""
     done = [r for r in runs if r["status"] == "done" and r["train_seconds"] and r["step"]]
-    if not done:
+    recent = recent or {}
+    if not done and not recent:
         return None
     def rate(rs: list[dict[str, Any]]) -> float:
         return sum(r["train_seconds"] for r in rs) / sum(r["step"] for r in rs)
-    overall = rate(done)
+    overall = statistics.median(recent.values()) if recent else rate(done)
     by_variant = {v: rate([r for r in done if r["variant"] == v]) for v in {r["variant"] for r in done}}
+    by_variant.update(recent)
     left = sum(max(0, r["max_steps"] - (r["step"] or 0)) * by_variant.get(r["variant"], overall)
                for r in runs if r["status"] != "done")
     return left / max(1, parallel)
@@ -442,7 +451,7 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
 
     from plelab.experiments.plan import registered_plan, status_of
 
-    rows, plan = {}, None
+    rows, plan, paces = {}, None, {}
     if sweep.db_path.is_file():
         with SweepStore(sweep.db_path, readonly=True) as store:
             rows = {r["name"]: r for r in store.runs(in_grid_only=False)}
@@ -455,6 +464,9 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
         if state == "running" and here and not (row.get("pid") and pid_alive(row["pid"])):
             state = "interrupted"  # its process died (kill -9, power): the next `plelab sweep` resumes it
         train, _ = read_metrics(sweep.run_dir(point)) if state != "done" else ([], [])
+        times = [m["step_time"] for m in train[-RECENT_STEPS:] if m.get("step_time")]
+        if state == "running" and times:
+            paces.setdefault(point.variant, []).append(statistics.median(times))
         step = row.get("steps") if state == "done" else (train[-1]["step"] if train else 0)
         runs.append({
             "name": point.name, "status": state, "step": step, "max_steps": point.config.max_steps,
@@ -468,7 +480,10 @@ def sweep_status(sweep: Sweep) -> dict[str, Any]:
     total_steps = sum(r["max_steps"] for r in runs)
     done_steps = sum(min(r["step"] or 0, r["max_steps"]) for r in runs)
     return {
-        "training_left_seconds": training_left(runs, sweep.options.parallel), "parallel": sweep.options.parallel,
+        "training_left_seconds": training_left(runs, sweep.options.parallel,
+                                               {v: statistics.median(p) for v, p in paces.items()}),
+        "pace_from": "the running runs' last steps" if paces else "the finished runs",
+        "parallel": sweep.options.parallel,
         "sweep": sweep.options.name, "folder": str(sweep.folder), "database": str(sweep.db_path),
         "runs": runs, "counts": counts, "total": len(runs),
         "progress": done_steps / total_steps if total_steps else 1.0,

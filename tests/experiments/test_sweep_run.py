@@ -166,3 +166,7 @@ def test_training_left_uses_each_variants_own_pace_and_the_parallelism():
     # fast 0.1 s/step x 100, slow 0.4 x 50, new at the overall 0.25 x 100; two at a time
     assert training_left(runs, 2) == pytest.approx((10 + 20 + 25) / 2)
     assert training_left([run("fast", "pending", 0)], 2) is None  # nothing finished: no pace to go by
+    # a running run's recent pace (what the machine gives now) wins over its variant's finished runs', which keep
+    # whatever load they trained under; a variant with neither takes the recent paces' median
+    assert training_left(runs, 2, {"slow": 0.2}) == pytest.approx((10 + 10 + 20) / 2)
+    assert training_left([run("fast", "pending", 0)], 1, {"fast": 0.05}) == pytest.approx(5)
