@@ -100,14 +100,17 @@ def pooled_loss(losses: list[tuple[float, int]]) -> float:
 
 
 def compare_losses(full: list[tuple[float, int]], ablated: list[tuple[float, int]]) -> dict[str, float]:
-    """Paired loss change (ablated - full) over the batches: the pooled delta, the s.e. of the per-batch
-    differences, their count n, and the ablated loss."""
+    """Paired loss change (ablated - full) over the batches: the pooled (token-weighted) delta, its standard error
+    from the per-batch differences with the same weights, their count n, and the ablated loss."""
     diffs = [a - f for (a, _), (f, _) in zip(ablated, full, strict=True)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+    weights = [t for _, t in full]
+    n, total = len(diffs), sum(weights)
     loss = pooled_loss(ablated)
-    return {"loss": loss, "delta": loss - pooled_loss(full), "se": se, "n": n}
+    delta = loss - pooled_loss(full)  # = the token-weighted mean of the per-batch differences
+    # the s.e. of that weighted mean (a ratio estimator); with equal batches it is sd / sqrt(n)
+    se = (math.sqrt(n / (n - 1) * sum((w * (d - delta)) ** 2 for w, d in zip(weights, diffs, strict=True))) / total
+          if n > 1 and total else float("nan"))
+    return {"loss": loss, "delta": delta, "se": se, "n": n}
 
 
 def _measure(model: nn.Module, batches: list, full: list, layers: list[int], modes: Iterable[str], seed: int) -> dict:
