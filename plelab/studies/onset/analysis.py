@@ -106,9 +106,11 @@ def timeline_gains(width: dict[str, Any]) -> list[dict[str, Any]]:
 SMALL_STEPS = ("gain_dp1", "doubling_1_to_2")
 """The registered tests of the smallest table and its first doubling, which the dead-zone reading needs equivalent."""
 PAYS = ("better", "better, within margin")
-READING_RULE = ("registered in each width's plan header: HIT when gain_dp1 and doubling_1_to_2 are equivalent and "
-                "every larger doubling pays (better, within the margin or not); MISS when gain_dp1 or doubling_1_to_2 "
-                "pays (a resolved gain, within the margin or not); unresolved otherwise")
+READING_RULE = ("registered in each width's plan header, with the clarification written before any run finished "
+                "(docs/deadzone-law.md) that a larger step's 'better' includes 'better, within margin', as in those "
+                "tests' own hits: HIT when gain_dp1 and doubling_1_to_2 are equivalent and every larger doubling pays "
+                "(better, within the margin or not); MISS when gain_dp1 or doubling_1_to_2 pays (a resolved gain, "
+                "within the margin or not); unresolved otherwise")
 
 
 def deadzone_reading(outcomes: dict[str, str]) -> str | None:
