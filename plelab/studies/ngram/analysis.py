@@ -100,8 +100,11 @@ LONGCAT_RULE = ("registered in the plan's header: HIT when ngram_vs_token_4 and 
 
 
 def longcat_reading(outcomes: dict[str, str]) -> str:
-    """The LongCat reading from the registered tests' outcomes: "hit", "miss" or "unresolved" (LONGCAT_RULE)."""
+    """The LongCat reading from the registered tests' outcomes: "hit", "miss" or "unresolved" (LONGCAT_RULE);
+    "n/a" while none of them has paired seeds."""
     got = [outcomes.get(name, "not resolved") for name in LONGCAT_TESTS]
+    if all(o == "n/a" for o in got):
+        return "n/a"  # no test has its paired seeds yet: nothing to read, not an unresolved reading
     if any(o in ("worse", "worse, within margin") for o in got):
         return "miss"
     if all(o in ("better", "better, within margin", "equivalent") for o in got):

@@ -115,11 +115,13 @@ READING_RULE = ("registered in each width's plan header, with the clarification 
 
 def deadzone_reading(outcomes: dict[str, str]) -> str | None:
     """A width's registered dead-zone reading from its tests' outcomes: "hit", "miss" or "unresolved"
-    (READING_RULE); None when the plan lacks the tests it combines."""
+    (READING_RULE); "n/a" while none of its tests has paired seeds; None when the plan lacks the tests it combines."""
     large = [name for name in outcomes if name.startswith("doubling_") and name not in SMALL_STEPS]
     if not large or any(name not in outcomes for name in SMALL_STEPS):
         return None
     small = [outcomes[name] for name in SMALL_STEPS]
+    if all(outcomes[name] == "n/a" for name in [*SMALL_STEPS, *large]):
+        return "n/a"  # no test has its paired seeds yet: nothing to read, not an unresolved reading
     if any(o in PAYS for o in small):
         return "miss"
     if all(o == "equivalent" for o in small) and all(outcomes[name] in PAYS for name in large):

@@ -79,6 +79,7 @@ def test_the_round_reports_each_width_and_the_gain_against_tokens_per_parameter(
     ({"gain_dp1": "equivalent", "doubling_1_to_2": "equivalent", "doubling_2_to_8": "not resolved"}, "unresolved"),
     ({"gain_dp1": "equivalent", "doubling_1_to_2": "worse", "doubling_2_to_8": "better"}, "unresolved"),
     ({"gain_dp1": "equivalent"}, None),            # the plan lacks the tests the reading combines
+    ({"gain_dp1": "n/a", "doubling_1_to_2": "n/a", "doubling_2_to_8": "n/a"}, "n/a"),  # one seed in: nothing to read
 ])
 def test_the_dead_zone_reading_follows_its_registered_rule(outcomes, reading):
     from plelab.studies.onset.analysis import deadzone_reading
