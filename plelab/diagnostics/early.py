@@ -229,6 +229,17 @@ def describe_rule(rule: dict[str, Any]) -> str:
     return f"{text} [{note}]" if note else text
 
 
+def rule_in_todays_names(rule: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A committed rule as --json shows it: its class fields and note in today's names (used / not used), so a
+    script never reads a rule recorded before the used / pays verdicts under the old ones."""
+    if rule is None:
+        return None
+    out = {**rule, **{k: _label(rule[k]) for k in ("one_class", "majority", "test_base_class") if rule.get(k)}}
+    if rule.get("one_class"):
+        out["note"] = one_class_note(rule["one_class"], rule["threshold"])
+    return out
+
+
 def predict_run(metrics: Sequence[dict[str, Any]], total_steps: int, rule: dict[str, Any] | None) -> dict[str, Any]:
     """The early prediction for one run: every candidate at each fraction reached, and the rule's call if any.
 
@@ -237,7 +248,8 @@ def predict_run(metrics: Sequence[dict[str, Any]], total_steps: int, rule: dict[
     at = {f: signals_at(metrics, total_steps, f) for f in FRACTIONS}
     out: dict[str, Any] = {"total_steps": total_steps, "last_step": max((int(m.get("step", 0)) for m in metrics),
                                                                         default=0),
-                           "signals": {f: a["values"] for f, a in at.items() if a["reached"]}, "rule": rule}
+                           "signals": {f: a["values"] for f, a in at.items() if a["reached"]},
+                           "rule": rule_in_todays_names(rule)}
     if rule is None:
         out["prediction"] = None
         out["text"] = ("no early rule has been measured yet: the dead-zone-law study (docs/deadzone-law.md) chooses "

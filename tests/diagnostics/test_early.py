@@ -178,3 +178,16 @@ def test_tracks_gain_ranks_the_signal_that_follows_the_final_gain():
     assert result["ablation_delta"][0.1] == {"rho": pytest.approx(1.0), "n": 5}
     assert abs(result["table_movement"][0.1]["rho"]) < 0.5
     assert result["ablation_delta"][0.05] == {"rho": None, "n": 0}
+
+
+def test_the_committed_rule_reads_in_todays_names_in_json():
+    """A rule recorded under the old class names (alive) is shown to scripts as used / not used."""
+    import json
+
+    from plelab.diagnostics.early import predict_run
+
+    rule = {"signal": "ablation_delta", "fraction": 0.15, "threshold": 0.01, "one_class": "alive",
+            "test_base_class": "alive", "note": "every fit run ended alive: ... own alive line"}
+    shown = predict_run([], 100, rule)["rule"]
+    assert shown["one_class"] == shown["test_base_class"] == "used" and "alive" not in json.dumps(shown)
+    assert rule["one_class"] == "alive"  # the committed record itself is not rewritten
