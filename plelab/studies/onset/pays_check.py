@@ -44,7 +44,12 @@ def check_runs(folder: str | Path, out: str | Path, data: str | None = None, bat
     """Each table run's pays verdict against its found twin, appended to `out` (JSON) run by run; runs already
     there are kept, not measured again. Returns {"rows": [...], "summary": {dP: {verdict: count}}}."""
     out = Path(out)
-    done = json.loads(out.read_text(encoding="utf-8"))["rows"] if out.is_file() else []
+    if batches < 2:
+        raise ValueError(f"--batches must be at least 2 (an interval needs two batches), got {batches}")
+    kept = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {"rows": []}
+    done = kept.get("rows") if isinstance(kept, dict) else None
+    if not isinstance(done, list):
+        raise ValueError(f"{out} exists and is not a pays check's file (no 'rows'): give another --out")
     have = {r["run"] for r in done}
     for run, seed, dim in table_runs(folder):
         if str(run) in have:

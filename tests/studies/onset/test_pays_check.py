@@ -41,3 +41,13 @@ def test_each_finished_table_run_gets_its_twins_pays_verdict_and_a_rerun_resumes
     assert main([str(runs), "--out", str(out), "--batches", "4"]) == 0
     assert json.loads(capsys.readouterr().out) == result["summary"]
     assert json.loads(out.read_text())["rows"] == result["rows"]
+
+
+def test_a_foreign_out_file_or_too_few_batches_is_refused_and_left_alone(tmp_path, capsys):
+    (tmp_path / "runs").mkdir()
+    other = tmp_path / "other.json"
+    other.write_text('{"something": 1}')
+    assert main([str(tmp_path / "runs"), "--out", str(other)]) == 2
+    assert "not a pays check's file" in capsys.readouterr().err and other.read_text() == '{"something": 1}'
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "new.json"), "--batches", "0"]) == 2
+    assert "at least 2" in capsys.readouterr().err and not (tmp_path / "new.json").exists()
