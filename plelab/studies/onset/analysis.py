@@ -76,9 +76,10 @@ def round_records(folder: str | Path) -> dict[str, Any]:
     return {"kind": RECORDS_KIND, "folder": str(folder), "widths": [width_records(f) for f in width_folders(folder)]}
 
 
-def timeline_gains(width: dict[str, Any]) -> list[dict[str, Any]]:
+def timeline_gains(width: dict[str, Any], margin: float | None = None) -> list[dict[str, Any]]:
     """Per dP > 0 and timeline step: the paired gain over dP = 0 (loss(0) - loss(dP), seeds paired), with its 95 %
-    t interval, at that step's tokens per parameter and per non-embedding parameter."""
+    t interval, at that step's tokens per parameter and per non-embedding parameter; given the plan's margin, also
+    the point's own outcome (unadjusted: a description of the curve, not a test of the round)."""
     by = {(r["seed"], r["ple_dim"]): {p["step"]: p for p in width["timelines"].get(r["name"], [])}
           for r in width["runs"]}
     dims = sorted({d for _, d in by if d})
@@ -99,8 +100,39 @@ def timeline_gains(width: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append({"ple_dim": dim, "ratio": dim / width["hidden_size"], "step": step, "tokens": tokens,
                          "tokens_per_param": tokens / width["params"],
                          "tokens_per_non_embedding": tokens / width["non_embedding"], "n": pair["n"],
-                         "gain": pair["mean"], "ci95": stats.t_interval(pair["mean"], pair["se"], pair["n"])})
+                         "gain": pair["mean"], "se": pair["se"],
+                         "ci95": stats.t_interval(pair["mean"], pair["se"], pair["n"]),
+                         # compare() reads a loss delta (positive = worse): the negated gain
+                         "outcome": (stats.compare(-pair["mean"], pair["se"], pair["n"], margin)["outcome"]
+                                     if margin else None)})
     return rows
+
+
+def crossings(gains: list[dict[str, Any]], margin: float | None) -> list[dict[str, Any]]:
+    """Per dP: the first timeline point whose gain lies below the margin, and the first whose point outcome is
+    "equivalent" (its 90 % interval inside +-margin, nothing resolved), with whether the later points stay so.
+
+    Description of one schedule's curve (unadjusted, points inside a run are not runs of that length): where the
+    curve enters the margin, set beside the registered end-of-run tests, which alone grade a prediction."""
+    if not margin:
+        return []
+    out = []
+    for dim in sorted({r["ple_dim"] for r in gains}):
+        rows = sorted((r for r in gains if r["ple_dim"] == dim), key=lambda r: r["step"])
+        out.append({"ple_dim": dim, "ratio": rows[0]["ratio"], "margin": margin,
+                    "below_margin": _first(rows, lambda r: r["gain"] < margin),
+                    "equivalent": _first(rows, lambda r: r["outcome"] == "equivalent"),
+                    "last": {k: rows[-1][k] for k in ("step", "tokens_per_non_embedding", "gain", "outcome")}})
+    return out
+
+
+def _first(rows: list[dict[str, Any]], holds: Any) -> dict[str, Any] | None:
+    """The first row where `holds`, its tokens per non-embedding parameter, and whether every later row holds too."""
+    for i, r in enumerate(rows):
+        if holds(r):
+            return {"step": r["step"], "tokens_per_non_embedding": r["tokens_per_non_embedding"],
+                    "stays": all(holds(x) for x in rows[i:])}
+    return None
 
 
 SMALL_STEPS = ("gain_dp1", "doubling_1_to_2")
@@ -144,10 +176,12 @@ def analysis_from_records(rec: dict[str, Any]) -> dict[str, Any]:
     widths = []
     for w in rec["widths"]:
         plan = plan_from_inputs(w["plan_inputs"])
+        margin = ((plan or {}).get("evaluation") or {}).get("margin")
+        gains = timeline_gains(w, margin)
         widths.append({"sweep": w["sweep"], "hidden_size": w["hidden_size"], "params": w["params"],
                        "non_embedding": w["non_embedding"], "runs_done": len(w["runs"]),
                        "total_runs": w.get("total_runs"),
                        "final_tokens": max((r["tokens"] or 0 for r in w["runs"]), default=0),
-                       "plan": plan, "reading": _reading(plan), "gains": timeline_gains(w),
+                       "plan": plan, "reading": _reading(plan), "gains": gains, "crossings": crossings(gains, margin),
                        "compute": training_compute((w["plan_inputs"] or {}).get("runs") or [])})
     return {"folder": rec["folder"], "widths": widths}

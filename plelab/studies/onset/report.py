@@ -16,10 +16,33 @@ def gain_table(w: dict[str, Any]) -> Block:
     rows = [[str(r["ple_dim"]), f"1/{round(1 / r['ratio'])}", str(r["step"]), f"{r['tokens'] / 1e6:.2f}M",
              f"{r['tokens_per_param']:.1f}", f"{r['tokens_per_non_embedding']:.1f}", str(r["n"]),
              f"{fmt(r['gain'], '+.4f')}" + (f" [{fmt(r['ci95'][0], '+.4f')}, {fmt(r['ci95'][1], '+.4f')}]"
-                                            if r["ci95"] else "")]
+                                            if r["ci95"] else ""), r.get("outcome") or "-"]
             for r in w["gains"]]
     return ("table", ["dP", "dP/H", "step", "tokens", "tokens / parameter", "tokens / non-embedding parameter",
-                      "seeds", "gain over dP = 0 (95 % CI)"], rows)
+                      "seeds", "gain over dP = 0 (95 % CI)", "point outcome (unadjusted)"], rows)
+
+
+def _where(first: dict[str, Any] | None) -> str:
+    if first is None:
+        return "not at any point"
+    return (f"{first['tokens_per_non_embedding']:.0f} (step {first['step']:,}"
+            f"{', and every later point' if first['stays'] else ', not every later point'})")
+
+
+def crossing_block(w: dict[str, Any]) -> list[Block]:
+    """Where each dP's gain curve enters the margin: description beside the registered end-of-run tests."""
+    if not w.get("crossings"):
+        return []
+    m = w["crossings"][0]["margin"]
+    rows = [[str(c["ple_dim"]), f"1/{round(1 / c['ratio'])}", _where(c["below_margin"]), _where(c["equivalent"]),
+             f"{fmt(c['last']['gain'], '+.4f')} at {c['last']['tokens_per_non_embedding']:.0f}: "
+             f"{c['last']['outcome'] or '-'}"] for c in w["crossings"]]
+    return [("p", f"Where the curve enters the margin (description, unadjusted, defined after the round's first seed "
+                  f"had finished: post hoc): the first evaluation at which the mean gain lies below +{m:g} nats, and "
+                  f"the first at which its 90 % interval lies inside +-{m:g} with nothing resolved (the point's "
+                  "outcome is equivalent), in tokens per non-embedding parameter. The registered tests above grade "
+                  "the predictions; this only says where along one schedule the curve went."),
+            ("table", ["dP", "dP/H", "gain first below the margin", "first point equivalent", "last point"], rows)]
 
 
 def reading_blocks(w: dict[str, Any]) -> list[Block]:
@@ -45,7 +68,7 @@ def onset_blocks(a: dict[str, Any], figures: dict[str, bytes]) -> list[Block]:
                             f"{w['params']:,} parameters, {w['non_embedding']:,} without the embedding)")]
         blocks += plan_blocks(w["plan"]) + reading_blocks(w)
         if w["gains"]:
-            blocks += [("h", 3, "Gain against tokens (description)"), gain_table(w)]
+            blocks += [("h", 3, "Gain against tokens (description)"), gain_table(w), *crossing_block(w)]
         blocks.append(compute_block(w.get("compute"), w["runs_done"]))
     if "gain_vs_tokens" in figures:
         blocks.append(("img", "gain_vs_tokens", "Paired gain over dP = 0 against tokens per non-embedding parameter "

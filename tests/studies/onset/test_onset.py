@@ -59,7 +59,14 @@ def test_the_round_reports_each_width_and_the_gain_against_tokens_per_parameter(
     _, non_embedding = non_embedding_params(model)
     assert end["tokens_per_non_embedding"] == pytest.approx(8000 / non_embedding)
     assert [r["gain"] for r in h32["gains"]] == pytest.approx([0.101, 0.051, 0.021])
+    # the curve's description: H = 64's gain enters the margin at the last point, as a resolved gain (not equivalent)
+    assert end["outcome"] == "better, within margin"
+    (c64,) = h64["crossings"]
+    assert c64["below_margin"] == {"step": 8, "tokens_per_non_embedding": end["tokens_per_non_embedding"],
+                                   "stays": True}
+    assert c64["equivalent"] is None and h32["crossings"][0]["below_margin"] is None
     md = (tmp_path / "round" / "report.md").read_text()
+    assert "first point equivalent" in md and "not at any point" in md
     assert "H = 64" in md and "Gain against tokens (description)" in md
     # six runs a width at 600 s each: one hour of training, stated per width
     assert h64["compute"] == {"train_core_hours": 1.0, "steps": 48, "tokens": 48000}
@@ -93,3 +100,23 @@ def test_the_compute_paragraph_says_when_nothing_has_finished():
 
     assert compute_block(training_compute([{"status": "pending"}]), 0)[1] == "Compute: no run has finished yet."
     assert "not recorded" in compute_block(training_compute([{"status": "done", "train_seconds": None}]), 1)[1]
+
+
+def _row(step: int, gain: float, outcome: str) -> dict:
+    return {"ple_dim": 1, "ratio": 1 / 64, "step": step, "tokens_per_non_embedding": step / 10, "gain": gain,
+            "outcome": outcome}
+
+
+def test_a_crossing_is_the_first_point_inside_the_margin_and_says_whether_the_curve_stays_there():
+    from plelab.studies.onset.analysis import crossings
+
+    rows = [_row(100, 0.03, "better"), _row(200, 0.008, "equivalent"), _row(300, 0.012, "not resolved"),
+            _row(400, 0.004, "equivalent")]
+    (c,) = crossings(rows, 0.01)
+    assert c["below_margin"] == {"step": 200, "tokens_per_non_embedding": 20.0, "stays": False}  # 0.012 at 300
+    assert c["equivalent"] == {"step": 200, "tokens_per_non_embedding": 20.0, "stays": False}
+    assert c["last"]["outcome"] == "equivalent"
+    # a gain below the margin but resolved from 0 is below the margin, never equivalent
+    (c,) = crossings([_row(100, 0.006, "better, within margin")], 0.01)
+    assert c["below_margin"]["step"] == 100 and c["equivalent"] is None
+    assert crossings(rows, None) == []  # no registered margin, no crossing
