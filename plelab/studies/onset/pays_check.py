@@ -81,6 +81,18 @@ def _result(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "summary": {str(d): summary[d] for d in sorted(summary)}}
 
 
+def markdown_table(result: dict[str, Any]) -> str:
+    """The verdicts as a markdown table, one row per run by dP then seed (what a write-up quotes)."""
+    lines = ["| dP | seed | loss - twin's loss (95 % CI, evaluation noise) | batches | pays verdict |",
+             "|---|---|---|---|---|"]
+    for r in sorted(result["rows"], key=lambda r: (r["ple_dim"], r["seed"])):
+        ci = r.get("ci95")
+        delta = (f"{r['delta']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]" if r.get("delta") is not None and ci
+                 else r.get("reason", "-"))
+        lines.append(f"| {r['ple_dim']} | {r['seed']} | {delta} | {r.get('n_batches') or '-'} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (module doc)."""
     p = argparse.ArgumentParser(prog="python3 -m plelab.studies.onset.pays_check", description=__doc__,
@@ -89,13 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the JSON file the verdicts go to (resumed when it exists)")
     p.add_argument("--data", help="evaluation data (default: each run's recorded eval data)")
     p.add_argument("--batches", type=int, default=64, help="evaluation batches per pair (default 64)")
+    p.add_argument("--markdown", action="store_true", help="print the verdicts as a markdown table, not the summary")
     args = p.parse_args(argv)
     try:
         result = check_runs(args.folder, args.out, args.data, args.batches)
     except (PlelabError, OSError, ValueError) as exc:
         print(f"pays_check: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result["summary"]))
+    print(markdown_table(result) if args.markdown else json.dumps(result["summary"]))
     return 0
 
 

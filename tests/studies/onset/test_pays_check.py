@@ -41,6 +41,11 @@ def test_each_finished_table_run_gets_its_twins_pays_verdict_and_a_rerun_resumes
     assert main([str(runs), "--out", str(out), "--batches", "4"]) == 0
     assert json.loads(capsys.readouterr().out) == result["summary"]
     assert json.loads(out.read_text())["rows"] == result["rows"]
+    # the write-up's table: one row per run, by dP then seed, the unmeasured one saying why
+    assert main([str(runs), "--out", str(out), "--markdown"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[2].startswith(f"| 16 | 1 | {by[1]['delta']:+.4f} [") and table[2].endswith(f"| {by[1]['verdict']} |")
+    assert table[3].startswith("| 16 | 2 | ") and "dP = 0 twin" in table[3] and table[3].endswith("| not measured |")
 
 
 def test_a_foreign_out_file_or_too_few_batches_is_refused_and_left_alone(tmp_path, capsys):
