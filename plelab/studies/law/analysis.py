@@ -467,7 +467,9 @@ def format_suggestion(advice: dict[str, Any]) -> str:
                         "such dP per measured width): " + "; ".join(
                             f"H={m['H']} {bracket_text(m['gain'])}" for m in advice["per_width"])
                         + ". No single dP/H fits the gain across widths; at more tokens every gain shrank (the "
-                        "tokens round) and where it reaches zero is the third round's question (docs/deadzone-law.md)")
+                        "tokens round), but none was shown to reach zero: the third round found dP = H/32 still "
+                        "paying at H=32 to 247 tokens per non-embedding parameter, and dP = H/64 unresolved at H=64 "
+                        "to 124 (docs/deadzone-law.md)")
         if not math.isfinite(hi):
             used = f"used in every seed: no tested dP/H ({c})"
         elif lo <= 0:  # the smallest dP tested at every fit width was already used
